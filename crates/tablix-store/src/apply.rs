@@ -1,0 +1,391 @@
+//! Deterministic application of Commands, alone or as a group commit.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rusqlite::functions::FunctionFlags;
+use rusqlite::{Connection, OpenFlags, params};
+use tablix_vfs::ClockVfs;
+
+use crate::command::{Command, DaemonRecord, Stamp, Stamped};
+use crate::config::{Durability, StoreConfig};
+use crate::error::StoreError;
+use crate::exec;
+use crate::outcome::Applied;
+use crate::policy::{Policy, error_message};
+use crate::schema;
+
+/// The writer connection and everything needed to apply Commands on it.
+///
+/// Field order matters: `conn` is declared before `clock`, so it is closed
+/// before the VFS it was opened with is unregistered.
+pub(crate) struct Applier {
+    conn: Connection,
+    policy: Policy,
+    /// State of the generator behind `random()`, reseeded per Command.
+    rng: Arc<AtomicU64>,
+    clock: ClockVfs,
+}
+
+/// Opens the persistent database at `path` and attaches the memory database
+/// `mem_uri` as `mem`, with the pragmas every tablix connection shares.
+pub(crate) fn attach_memory(conn: &Connection, mem_uri: &str) -> rusqlite::Result<()> {
+    conn.execute("ATTACH DATABASE ?1 AS mem", params![mem_uri])?;
+    Ok(())
+}
+
+impl Applier {
+    pub(crate) fn open(config: &StoreConfig, mem_uri: &str) -> Result<Applier, StoreError> {
+        let clock = ClockVfs::register().map_err(|e| StoreError::Open(e.to_string()))?;
+        let path = config.database_path();
+        let mut conn = Connection::open_with_flags_and_vfs(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            clock.name(),
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Open(format!(
+                "{} refused WAL mode (journal_mode is {mode})",
+                path.display()
+            )));
+        }
+        let sync = match config.durability {
+            Durability::Sync => "FULL",
+            Durability::Async => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)?;
+        schema::migrate(&conn, &path)?;
+        attach_memory(&conn, mem_uri)?;
+        conn.execute_batch(schema::MEMORY_SCHEMA)?;
+        let rng = Arc::new(AtomicU64::new(0));
+        register_random(&conn, &rng)?;
+        let policy = Policy::install(&mut conn, false)?;
+        Ok(Applier {
+            conn,
+            policy,
+            rng,
+            clock,
+        })
+    }
+
+    #[cfg(test)]
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Puts the connection in the state every Command starts from: the
+    /// Command's time and seed, and no remembered insert id.
+    fn set_stamp(&self, stamp: Stamp) {
+        self.clock.set_unix_nanos(stamp.unix_nanos);
+        self.rng.store(stamp.seed, Ordering::Relaxed);
+        tablix_vfs::set_last_insert_rowid(&self.conn, 0);
+    }
+
+    /// Applies one Command's body; the caller owns the surrounding
+    /// transaction and savepoint.
+    fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
+        self.set_stamp(item.stamp);
+        match &item.command {
+            Command::Sql {
+                statements,
+                transaction,
+            } => {
+                self.policy.set_enforcing(true);
+                let mut out = Applied::default();
+                for st in statements {
+                    let outcome = exec::run(&self.conn, &self.policy, st);
+                    let failed = outcome.result.is_error();
+                    out.statements.push(outcome);
+                    if failed && *transaction {
+                        out.rolled_back = true;
+                        break;
+                    }
+                    if self.conn.is_autocommit() {
+                        // The statement ended the enclosing transaction
+                        // (ON CONFLICT ROLLBACK); the batch restarts without it.
+                        out.rolled_back = true;
+                        break;
+                    }
+                }
+                self.policy.set_enforcing(false);
+                Ok(out)
+            }
+            Command::SetDaemon(record) => self
+                .set_daemon(record, item.stamp)
+                .map(|()| Applied::default())
+                .map_err(|e| StoreError::Apply(error_message(&e))),
+        }
+    }
+
+    fn set_daemon(&self, d: &DaemonRecord, stamp: Stamp) -> rusqlite::Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM mem.daemon")?
+            .execute([])?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO mem.daemon(pid, http_addr, data_dir, mode, version, started_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                d.pid,
+                d.http_addr,
+                d.data_dir,
+                d.mode,
+                d.version,
+                stamp.unix_nanos
+            ])?;
+        Ok(())
+    }
+
+    /// Applies `items` in one SQLite transaction, each inside its own
+    /// SAVEPOINT, and commits. A Command that fails is rolled back alone and
+    /// gets its own error; the others commit. A Command whose statement ends
+    /// the whole transaction (ON CONFLICT ROLLBACK, RAISE(ROLLBACK)) is
+    /// excluded and the group is applied again without it, which leaves the
+    /// same state as applying the Commands one by one.
+    ///
+    /// Returns `Err` only when the group as a whole failed (BEGIN, SAVEPOINT
+    /// or COMMIT): then nothing of it is applied.
+    pub(crate) fn apply_batch(
+        &self,
+        items: &[&Stamped],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        let mut excluded: Vec<Option<Result<Applied, String>>> = vec![None; items.len()];
+        'attempt: loop {
+            self.batch_sql("BEGIN IMMEDIATE")?;
+            let mut results = Vec::with_capacity(items.len());
+            for (i, item) in items.iter().enumerate() {
+                if let Some(r) = &excluded[i] {
+                    results.push(r.clone().map_err(StoreError::Apply));
+                    continue;
+                }
+                self.batch_sql("SAVEPOINT tablix_command")?;
+                let r = self.apply(item);
+                if self.conn.is_autocommit() {
+                    excluded[i] = Some(r.map_err(|e| e.to_string()));
+                    continue 'attempt;
+                }
+                let failed = r.as_ref().map_or(true, |a| a.rolled_back);
+                if failed {
+                    self.batch_sql("ROLLBACK TO tablix_command")?;
+                }
+                self.batch_sql("RELEASE tablix_command")?;
+                results.push(r);
+            }
+            self.batch_sql("COMMIT")?;
+            return Ok(results);
+        }
+    }
+
+    /// Runs transaction-control SQL; on failure rolls the group back.
+    fn batch_sql(&self, sql: &str) -> Result<(), StoreError> {
+        self.conn.execute_batch(sql).map_err(|e| {
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+            StoreError::Commit(error_message(&e))
+        })
+    }
+
+    /// Writes the WAL to stable storage (async mode's bounded flush).
+    pub(crate) fn sync_wal(&self, db_path: &Path) -> Result<(), StoreError> {
+        let mut wal = db_path.as_os_str().to_owned();
+        wal.push("-wal");
+        match std::fs::File::open(&wal) {
+            Ok(f) => Ok(f.sync_data()?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Folds the WAL back into the database before closing.
+    pub(crate) fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
+/// Replaces SQLite's `random()` and `randomblob()` on the writer with a
+/// generator seeded from the Command's stamp, so replay reproduces them.
+fn register_random(conn: &Connection, rng: &Arc<AtomicU64>) -> rusqlite::Result<()> {
+    let flags = FunctionFlags::SQLITE_UTF8;
+    let state = Arc::clone(rng);
+    conn.create_scalar_function("random", 0, flags, move |_| Ok(next_random(&state) as i64))?;
+    let state = Arc::clone(rng);
+    conn.create_scalar_function("randomblob", 1, flags, move |ctx| {
+        let n: i64 = ctx.get(0)?;
+        let n = n.clamp(1, 1 << 30) as usize;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            out.extend_from_slice(&next_random(&state).to_le_bytes());
+        }
+        out.truncate(n);
+        Ok(out)
+    })?;
+    Ok(())
+}
+
+/// splitmix64: small, fast and good enough for SQL's random().
+fn next_random(state: &AtomicU64) -> u64 {
+    let s = state
+        .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Params, Statement, Value};
+    use crate::outcome::StatementResult;
+    use proptest::prelude::*;
+
+    fn applier(dir: &Path, tag: &str) -> Applier {
+        let config = StoreConfig::new(dir.join(tag));
+        std::fs::create_dir_all(&config.data_dir).unwrap();
+        let uri = format!(
+            "file:/tablix-apply-test-{tag}-{}?vfs=memdb",
+            std::process::id()
+        );
+        let a = Applier::open(&config, &uri).unwrap();
+        a.connection()
+            .execute_batch("CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT UNIQUE, r ANY)")
+            .unwrap();
+        a
+    }
+
+    fn dump(a: &Applier) -> Vec<(i64, Option<String>, Option<String>)> {
+        let mut st = a
+            .connection()
+            .prepare("SELECT k, v, quote(r) FROM t ORDER BY k")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    fn statement() -> impl Strategy<Value = Statement> {
+        let key = 0i64..6;
+        let val = prop::sample::select(vec!["a", "b", "c", "d"]);
+        prop_oneof![
+            (key.clone(), val.clone()).prop_map(|(k, v)| Statement::with_params(
+                "INSERT INTO t(k, v) VALUES (?, ?)",
+                Params::Positional(vec![Value::Integer(k), Value::Text(v.into())])
+            )),
+            (key.clone(), val.clone()).prop_map(|(k, v)| Statement::with_params(
+                "INSERT OR ROLLBACK INTO t(k, v) VALUES (:k, :v)",
+                Params::Named(vec![
+                    ("k".into(), Value::Integer(k)),
+                    ("v".into(), Value::Text(v.into()))
+                ])
+            )),
+            (key.clone(), val).prop_map(|(k, v)| Statement::new(format!(
+                "UPDATE t SET v = '{v}', r = random() WHERE k = {k}"
+            ))),
+            key.clone().prop_map(|k| Statement::new(format!("DELETE FROM t WHERE k = {k}"))),
+            key.prop_map(|k| Statement::new(format!(
+                "INSERT OR REPLACE INTO t(k, v, r) VALUES ({k}, NULL, datetime('now') || hex(randomblob(4)))"
+            ))),
+            Just(Statement::new("INSERT INTO tablix_meta VALUES ('x', 1)")),
+            Just(Statement::new("INSERT INTO nowhere VALUES (1)")),
+            Just(Statement::new("SELECT count(*) FROM t")),
+        ]
+    }
+
+    fn command() -> impl Strategy<Value = Stamped> {
+        (
+            prop::collection::vec(statement(), 1..4),
+            any::<bool>(),
+            any::<u64>(),
+            0i64..4_000_000_000_000_000_000,
+        )
+            .prop_map(|(statements, transaction, seed, unix_nanos)| Stamped {
+                stamp: Stamp { unix_nanos, seed },
+                command: Command::Sql {
+                    statements,
+                    transaction,
+                },
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        /// Group commit (any grouping) ends in the same state, with the same
+        /// per-Command results, as applying the Commands one by one.
+        #[test]
+        fn group_commit_matches_one_by_one(
+            commands in prop::collection::vec(command(), 1..24),
+            cut in prop::collection::vec(1usize..8, 1..8),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let grouped = applier(dir.path(), "grouped");
+            let single = applier(dir.path(), "single");
+            let mut grouped_results = Vec::new();
+            let mut rest: &[Stamped] = &commands;
+            let mut sizes = cut.iter().cycle();
+            while !rest.is_empty() {
+                let n = (*sizes.next().unwrap()).min(rest.len());
+                let refs: Vec<&Stamped> = rest[..n].iter().collect();
+                grouped_results.extend(grouped.apply_batch(&refs).unwrap());
+                rest = &rest[n..];
+            }
+            let mut single_results = Vec::new();
+            for c in &commands {
+                single_results.extend(single.apply_batch(&[c]).unwrap());
+            }
+            let view = |r: &Result<Applied, StoreError>| match r {
+                Ok(a) => Ok((a.results(), a.rolled_back)),
+                Err(e) => Err(e.to_string()),
+            };
+            let g: Vec<_> = grouped_results.iter().map(view).collect();
+            let s: Vec<_> = single_results.iter().map(view).collect();
+            prop_assert_eq!(g, s);
+            prop_assert_eq!(dump(&grouped), dump(&single));
+        }
+    }
+
+    #[test]
+    fn or_rollback_fails_alone_inside_a_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = applier(dir.path(), "rb");
+        let stamp = Stamp {
+            unix_nanos: 0,
+            seed: 1,
+        };
+        let sql = |s: &str| {
+            Stamped::new(
+                stamp,
+                Command::Sql {
+                    statements: vec![Statement::new(s)],
+                    transaction: false,
+                },
+            )
+        };
+        let items = [
+            sql("INSERT INTO t(k, v) VALUES (1, 'a')"),
+            sql("INSERT OR ROLLBACK INTO t(k, v) VALUES (2, 'a')"),
+            sql("INSERT INTO t(k, v) VALUES (3, 'c')"),
+        ];
+        let refs: Vec<&Stamped> = items.iter().collect();
+        let r = a.apply_batch(&refs).unwrap();
+        assert!(!r[0].as_ref().unwrap().rolled_back);
+        let failed = r[1].as_ref().unwrap();
+        assert!(failed.rolled_back);
+        assert!(
+            matches!(&failed.statements[0].result, StatementResult::Error(m) if m.contains("UNIQUE"))
+        );
+        assert!(!r[2].as_ref().unwrap().rolled_back);
+        assert_eq!(dump(&a).iter().map(|r| r.0).collect::<Vec<_>>(), [1, 3]);
+    }
+}

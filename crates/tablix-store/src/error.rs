@@ -1,0 +1,39 @@
+//! The store's error type.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "data directory {path} is in use by another tablix daemon{}",
+        holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Locked { path: PathBuf, holder: Option<u32> },
+    #[error(
+        "data directory {path} was written by a newer tablix (schema version {found}; this build knows up to {supported}); upgrade tablix or use another --data"
+    )]
+    NewerSchema {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{path} is not a tablix database (application_id {found:#x})")]
+    NotTablix { path: PathBuf, found: i64 },
+    #[error("opening the store failed: {0}")]
+    Open(String),
+    #[error("{0}")]
+    Apply(String),
+    #[error("commit failed, nothing in this group was applied: {0}")]
+    Commit(String),
+    #[error("the store is shut down")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+}

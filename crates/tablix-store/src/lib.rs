@@ -1,0 +1,38 @@
+//! The tablix store: every piece of state tablix keeps lives in SQLite
+//! databases owned by this crate, and the only way to change that state is a
+//! [`Command`] applied by [`Store`].
+//!
+//! * a persistent database (`DATA/tablix.db`, WAL) for files and user tables,
+//!   and a memory database attached as `mem` for volatile state, so one query
+//!   joins both;
+//! * a single writer thread that applies Commands with group commit: every
+//!   Command queued while the previous commit was in flight goes into the next
+//!   SQLite transaction, each in its own SAVEPOINT;
+//! * a pool of read-only connections for snapshot reads.
+//!
+//! Architecture invariant: `apply` is deterministic. It never reads the wall
+//! clock or a random source: the time and random seed a Command needs travel
+//! inside its [`Stamp`].
+
+mod apply;
+mod command;
+mod config;
+mod error;
+mod exec;
+mod lock;
+mod outcome;
+mod policy;
+mod readers;
+mod schema;
+mod stats;
+mod store;
+mod writer;
+
+pub use command::{Command, DaemonRecord, Params, Stamp, Stamped, Statement, Value};
+pub use config::{Durability, StoreConfig};
+pub use error::StoreError;
+pub use outcome::{Applied, Rows, StatementOutcome, StatementResult};
+pub use policy::is_system_table;
+pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
+pub use stats::StoreStats;
+pub use store::{Store, Ticket};

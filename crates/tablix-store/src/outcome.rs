@@ -1,0 +1,54 @@
+//! What applying a Command or running a query returns.
+
+use crate::command::Value;
+
+/// Rows returned by a statement.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rows {
+    pub columns: Vec<String>,
+    /// Declared type of each column, lower-cased; for an expression column
+    /// the storage class of its first non-NULL value, or "" when unknown.
+    pub types: Vec<String>,
+    pub values: Vec<Vec<Value>>,
+}
+
+/// The result of one statement.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatementResult {
+    Executed {
+        last_insert_id: i64,
+        rows_affected: u64,
+    },
+    Rows(Rows),
+    Error(String),
+}
+
+impl StatementResult {
+    pub fn is_error(&self) -> bool {
+        matches!(self, StatementResult::Error(_))
+    }
+}
+
+/// One statement's result and how long it ran (for reporting only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatementOutcome {
+    pub result: StatementResult,
+    pub seconds: f64,
+}
+
+/// What an applied Command returns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Applied {
+    /// One entry per statement that ran (for `Command::Sql`); a transaction
+    /// stops at its first error.
+    pub statements: Vec<StatementOutcome>,
+    /// The Command's changes were rolled back (a transaction hit an error).
+    pub rolled_back: bool,
+}
+
+impl Applied {
+    /// The results without timings, for comparing two runs.
+    pub fn results(&self) -> Vec<StatementResult> {
+        self.statements.iter().map(|s| s.result.clone()).collect()
+    }
+}

@@ -1,0 +1,54 @@
+//! Counters the store keeps about itself.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub commands: AtomicU64,
+    pub failed_commands: AtomicU64,
+    pub batches: AtomicU64,
+    pub largest_batch: AtomicU64,
+    pub failed_commits: AtomicU64,
+    pub flushes: AtomicU64,
+    pub reads: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> StoreStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreStats {
+            commands: get(&self.commands),
+            failed_commands: get(&self.failed_commands),
+            batches: get(&self.batches),
+            largest_batch: get(&self.largest_batch),
+            failed_commits: get(&self.failed_commits),
+            flushes: get(&self.flushes),
+            reads: get(&self.reads),
+        }
+    }
+}
+
+/// A snapshot of the store's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StoreStats {
+    /// Commands applied (committed or failed alone).
+    pub commands: u64,
+    /// Commands rolled back by their own error.
+    pub failed_commands: u64,
+    /// Group commits (SQLite write transactions).
+    pub batches: u64,
+    /// Most Commands one group commit carried.
+    pub largest_batch: u64,
+    /// Group commits whose COMMIT failed; none of their Commands were acknowledged.
+    pub failed_commits: u64,
+    /// Explicit fsyncs of the WAL (async mode and flush requests).
+    pub flushes: u64,
+    /// Read transactions run on the reader pool.
+    pub reads: u64,
+}

@@ -1,0 +1,172 @@
+//! The public face of the store.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use crate::apply::Applier;
+use crate::command::{Command, Stamp, Stamped, Statement};
+use crate::config::StoreConfig;
+use crate::error::StoreError;
+use crate::lock::DirLock;
+use crate::outcome::{Applied, StatementOutcome};
+use crate::readers::Readers;
+use crate::stats::{Counters, StoreStats};
+use crate::writer::{Request, Writer};
+
+/// Distinguishes the memory databases of stores opened in one process.
+static NEXT_MEMORY_DB: AtomicU64 = AtomicU64::new(0);
+
+/// An answer that arrives once the writer has committed (or failed).
+pub struct Ticket<T> {
+    rx: oneshot::Receiver<Result<T, StoreError>>,
+}
+
+impl<T> Ticket<T> {
+    fn ready(result: Result<T, StoreError>) -> Ticket<T> {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(result);
+        Ticket { rx }
+    }
+
+    /// Waits on the current thread. Must not be called from async code.
+    pub fn wait(self) -> Result<T, StoreError> {
+        self.rx.blocking_recv().unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+impl<T> Future for Ticket<T> {
+    type Output = Result<T, StoreError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(StoreError::Closed)))
+    }
+}
+
+/// The store of one data directory. Owns the directory exclusively for as
+/// long as it is open.
+pub struct Store {
+    config: StoreConfig,
+    tx: Mutex<Option<Sender<Request>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    readers: Readers,
+    counters: Arc<Counters>,
+    _lock: DirLock,
+}
+
+impl Store {
+    /// Opens (creating on first use) the data directory and starts the writer.
+    pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| StoreError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        let lock = DirLock::acquire(&config.data_dir)?;
+        let mem_uri = format!(
+            "file:/tablix-mem-{}-{}?vfs=memdb",
+            std::process::id(),
+            NEXT_MEMORY_DB.fetch_add(1, Ordering::Relaxed)
+        );
+        let applier = Applier::open(&config, &mem_uri)?;
+        let readers = Readers::open(&config, &mem_uri)?;
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer {
+            applier,
+            config: config.clone(),
+            counters: Arc::clone(&counters),
+        };
+        let handle = std::thread::Builder::new()
+            .name("tablix-writer".into())
+            .spawn(move || writer.run(rx))?;
+        Ok(Store {
+            config,
+            tx: Mutex::new(Some(tx)),
+            writer: Mutex::new(Some(handle)),
+            readers,
+            counters,
+            _lock: lock,
+        })
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    fn send(&self, request: Request) -> Result<(), StoreError> {
+        let guard = self.tx.lock().map_err(|_| StoreError::Closed)?;
+        match guard.as_ref() {
+            Some(tx) => tx.send(request).map_err(|_| StoreError::Closed),
+            None => Err(StoreError::Closed),
+        }
+    }
+
+    /// Queues a Command for the writer. The ticket resolves once the group
+    /// it joined has committed at the configured durability.
+    pub fn submit(&self, stamped: Stamped) -> Ticket<Applied> {
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Apply(Box::new(stamped), reply)) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
+    }
+
+    /// Applies a Command and waits for it.
+    pub fn apply(&self, stamp: Stamp, command: Command) -> Result<Applied, StoreError> {
+        self.submit(Stamped::new(stamp, command)).wait()
+    }
+
+    /// Makes everything acknowledged so far durable, whatever the mode.
+    pub fn flush(&self) -> Ticket<()> {
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Flush(reply)) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
+    }
+
+    /// Runs read-only statements on one snapshot, on the reader pool.
+    pub fn query(&self, statements: &[Statement]) -> Result<Vec<StatementOutcome>, StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        self.readers.query(statements)
+    }
+
+    /// Whether `statements` can be served by [`Store::query`].
+    pub fn is_read_only(&self, statements: &[Statement]) -> Result<bool, StoreError> {
+        self.readers.all_read_only(statements)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops accepting Commands, lets the writer finish every queued one,
+    /// flushes and checkpoints. Idempotent.
+    pub fn close(&self) -> Result<(), StoreError> {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        self.readers.close();
+        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        if let Some(h) = handle {
+            h.join()
+                .map_err(|_| StoreError::Apply("the writer thread panicked".into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::error!("closing the store: {e}");
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Integration tests of the store through its public API.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use rusqlite::Connection;
+use tablix_store::{
+    Applied, Command, DaemonRecord, Durability, Params, Stamp, Stamped, Statement, StatementResult,
+    Store, StoreConfig, StoreError, Value,
+};
+
+fn stamp(n: i64) -> Stamp {
+    Stamp {
+        unix_nanos: 1_700_000_000_000_000_000 + n,
+        seed: n as u64,
+    }
+}
+
+fn sql(statements: &[&str]) -> Command {
+    Command::Sql {
+        statements: statements.iter().map(|s| Statement::new(*s)).collect(),
+        transaction: false,
+    }
+}
+
+fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
+    match &store.query(&[Statement::new(q)]).unwrap()[0].result {
+        StatementResult::Rows(r) => r.values.clone(),
+        other => panic!("{q}: {other:?}"),
+    }
+}
+
+#[test]
+fn fresh_directory_is_created_and_data_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a/b/data");
+    {
+        let store = Store::open(StoreConfig::new(&data)).unwrap();
+        let r = store
+            .apply(
+                stamp(1),
+                sql(&[
+                    "CREATE TABLE kv(k TEXT PRIMARY KEY, v)",
+                    "INSERT INTO kv VALUES ('x', 1)",
+                ]),
+            )
+            .unwrap();
+        assert!(!r.rolled_back, "{r:?}");
+        assert_eq!(
+            rows(&store, "SELECT value FROM tablix_meta WHERE key = 'format'"),
+            [[Value::Text("tablix".into())]]
+        );
+    }
+    let store = Store::open(StoreConfig::new(&data)).unwrap();
+    assert_eq!(rows(&store, "SELECT v FROM kv"), [[Value::Integer(1)]]);
+    // The memory database starts empty at every open.
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM mem.daemon"),
+        [[Value::Integer(0)]]
+    );
+}
+
+#[test]
+fn a_second_store_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Store::open(StoreConfig::new(dir.path())).unwrap();
+    match Store::open(StoreConfig::new(dir.path())) {
+        Err(
+            e @ StoreError::Locked {
+                holder: Some(pid), ..
+            },
+        ) => {
+            assert_eq!(pid, std::process::id());
+            assert!(
+                e.to_string().contains("in use by another tablix daemon"),
+                "{e}"
+            );
+        }
+        other => panic!("expected Locked, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn a_database_from_a_newer_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(StoreConfig::new(dir.path())).unwrap());
+    let conn = Connection::open(dir.path().join("tablix.db")).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let err = Store::open(StoreConfig::new(dir.path())).err().unwrap();
+    assert!(
+        matches!(err, StoreError::NewerSchema { found: 99, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("written by a newer tablix"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_uncreatable_data_directory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let err = Store::open(StoreConfig::new(file.join("data")))
+        .err()
+        .unwrap();
+    assert!(matches!(err, StoreError::DataDir { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with("cannot create data directory"),
+        "{err}"
+    );
+}
+
+#[test]
+fn system_tables_are_read_only_to_sql_but_change_through_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+    let record = DaemonRecord {
+        pid: 42,
+        http_addr: "127.0.0.1:1".into(),
+        data_dir: "/d".into(),
+        mode: "sync".into(),
+        version: "0".into(),
+    };
+    store.apply(stamp(5), Command::SetDaemon(record)).unwrap();
+    assert_eq!(
+        rows(&store, "SELECT pid, started_ns FROM daemon"),
+        [[Value::Integer(42), Value::Integer(stamp(5).unix_nanos)]]
+    );
+    for bad in [
+        "DELETE FROM daemon",
+        "UPDATE mem.daemon SET pid = 1",
+        "INSERT INTO tablix_meta VALUES ('k', 1)",
+        "DROP TABLE tablix_meta",
+        "CREATE TABLE mem.mine(x)",
+        "CREATE TRIGGER g AFTER INSERT ON tablix_meta BEGIN SELECT 1; END",
+    ] {
+        let r = store.apply(stamp(6), sql(&[bad])).unwrap();
+        match &r.statements[0].result {
+            StatementResult::Error(m) => assert!(m.contains("system table"), "{bad}: {m}"),
+            other => panic!("{bad} was allowed: {other:?}"),
+        }
+    }
+    // Reads of system tables through the writer and readers are fine, and a
+    // query cannot write at all.
+    let r = store
+        .query(&[Statement::new(
+            "INSERT INTO daemon VALUES (1,'','','','',0)",
+        )])
+        .unwrap();
+    assert!(r[0].result.is_error());
+    assert_eq!(
+        rows(&store, "SELECT pid FROM daemon"),
+        [[Value::Integer(42)]]
+    );
+}
+
+#[test]
+fn transaction_control_and_settings_are_refused_with_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+    for (bad, why) in [
+        ("BEGIN", "transaction control"),
+        ("SAVEPOINT s", "transaction control"),
+        ("PRAGMA journal_mode = DELETE", "not allowed"),
+        ("ATTACH DATABASE '/tmp/x.db' AS x", "ATTACH"),
+        ("CREATE TEMP TABLE t(x)", "temporary objects"),
+    ] {
+        let r = store.apply(stamp(1), sql(&[bad])).unwrap();
+        match &r.statements[0].result {
+            StatementResult::Error(m) => assert!(m.contains(why), "{bad}: {m}"),
+            other => panic!("{bad} was allowed: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_transaction_stops_at_its_first_error_and_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+    store
+        .apply(stamp(0), sql(&["CREATE TABLE t(x UNIQUE)"]))
+        .unwrap();
+    let r = store
+        .apply(
+            stamp(1),
+            Command::Sql {
+                statements: vec![
+                    Statement::new("INSERT INTO t VALUES (1)"),
+                    Statement::new("INSERT INTO t VALUES (1)"),
+                    Statement::new("INSERT INTO t VALUES (2)"),
+                ],
+                transaction: true,
+            },
+        )
+        .unwrap();
+    assert!(r.rolled_back);
+    assert_eq!(r.statements.len(), 2);
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM t"),
+        [[Value::Integer(0)]]
+    );
+    // Without a transaction each statement stands alone.
+    let r = store
+        .apply(
+            stamp(2),
+            sql(&[
+                "INSERT INTO t VALUES (1)",
+                "INSERT INTO t VALUES (1)",
+                "INSERT INTO t VALUES (2)",
+            ]),
+        )
+        .unwrap();
+    assert!(!r.rolled_back);
+    assert_eq!(r.statements.len(), 3);
+    assert!(r.statements[1].result.is_error());
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM t"),
+        [[Value::Integer(2)]]
+    );
+}
+
+#[test]
+fn replay_of_stamped_commands_is_deterministic() {
+    let commands: Vec<Stamped> = (0..20)
+        .map(|i| {
+            Stamped::new(
+                stamp(i * 1_000_000_007),
+                if i == 0 {
+                    sql(&["CREATE TABLE r(a, b, c)"])
+                } else {
+                    Command::Sql {
+                        statements: vec![Statement::with_params(
+                            "INSERT INTO r VALUES (random(), hex(randomblob(8)), strftime('%Y-%m-%d %H:%M:%f', 'now') || ?)",
+                            Params::Positional(vec![Value::Integer(i)]),
+                        )],
+                        transaction: i % 2 == 0,
+                    }
+                },
+            )
+        })
+        .collect();
+    let dump = |dir: &std::path::Path| {
+        let store = Store::open(StoreConfig::new(dir)).unwrap();
+        for c in &commands {
+            store.submit(c.clone()).wait().unwrap();
+        }
+        rows(&store, "SELECT a, b, c FROM r ORDER BY rowid")
+    };
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let first = dump(a.path());
+    assert_eq!(first.len(), 19);
+    assert_eq!(first, dump(b.path()));
+    // The clock is the stamp's, not the wall clock's.
+    assert!(
+        matches!(&first[0][2], Value::Text(t) if t.starts_with("2023-11-14")),
+        "{:?}",
+        first[0][2]
+    );
+}
+
+#[test]
+fn concurrent_writers_and_readers_all_succeed_in_async_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.durability = Durability::Async;
+    let store = Arc::new(Store::open(config).unwrap());
+    store
+        .apply(stamp(0), sql(&["CREATE TABLE c(w, i)"]))
+        .unwrap();
+    let mut threads = Vec::new();
+    for w in 0..8 {
+        let store = Arc::clone(&store);
+        threads.push(std::thread::spawn(move || {
+            for i in 0..50 {
+                let r = store
+                    .apply(
+                        stamp(i),
+                        Command::Sql {
+                            statements: vec![Statement::with_params(
+                                "INSERT INTO c VALUES (?, ?)",
+                                Params::Positional(vec![Value::Integer(w), Value::Integer(i)]),
+                            )],
+                            transaction: false,
+                        },
+                    )
+                    .unwrap();
+                assert!(!r.rolled_back);
+                let n = rows(&store, &format!("SELECT count(*) FROM c WHERE w = {w}"));
+                assert_eq!(n, [[Value::Integer(i + 1)]], "reader saw a stale snapshot");
+            }
+        }));
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    store.flush().wait().unwrap();
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM c"),
+        [[Value::Integer(400)]]
+    );
+    let stats = store.stats();
+    assert_eq!(stats.commands, 401);
+    assert!(stats.flushes >= 1, "{stats:?}");
+}
+
+fn statement() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (0i64..8).prop_map(|k| format!("INSERT INTO p VALUES ({k}, random())")),
+        (0i64..8).prop_map(|k| format!("INSERT OR ROLLBACK INTO p VALUES ({k}, 0)")),
+        (0i64..8).prop_map(|k| format!("DELETE FROM p WHERE k = {k}")),
+        (0i64..8).prop_map(|k| format!("UPDATE p SET v = v + 1 WHERE k = {k}")),
+        Just("INSERT INTO missing VALUES (1)".to_string()),
+        Just("UPDATE tablix_meta SET value = 1".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    /// Commands submitted together (so the writer groups them) end in the
+    /// same state with the same results as Commands applied one at a time.
+    #[test]
+    fn concurrent_submission_matches_sequential_application(
+        commands in prop::collection::vec((prop::collection::vec(statement(), 1..4), any::<bool>()), 1..40)
+    ) {
+        let stamped: Vec<Stamped> = commands.iter().enumerate().map(|(i, (sts, tx))| Stamped::new(
+            stamp(i as i64),
+            Command::Sql { statements: sts.iter().map(Statement::new).collect(), transaction: *tx },
+        )).collect();
+        let run = |grouped: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+            store.apply(stamp(-1), sql(&["CREATE TABLE p(k PRIMARY KEY, v)"])).unwrap();
+            let results: Vec<Applied> = if grouped {
+                let tickets: Vec<_> = stamped.iter().map(|c| store.submit(c.clone())).collect();
+                tickets.into_iter().map(|t| t.wait().unwrap()).collect()
+            } else {
+                stamped.iter().map(|c| store.submit(c.clone()).wait().unwrap()).collect()
+            };
+            let view: Vec<_> = results.iter().map(|a| (a.results(), a.rolled_back)).collect();
+            (view, rows(&store, "SELECT k, v FROM p ORDER BY k"))
+        };
+        prop_assert_eq!(run(true), run(false));
+    }
+}

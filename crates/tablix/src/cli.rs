@@ -1,0 +1,112 @@
+//! Command-line syntax.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tablix",
+    version,
+    about = "Operating-system state as rows in SQLite"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon in the foreground.
+    Up(UpArgs),
+    /// Run SQL against a running daemon (a shell modelled on sqlite3).
+    Sql(SqlArgs),
+    /// Run a benchmark and print figures as ratios against a baseline.
+    Bench(BenchArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    Sync,
+    Async,
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Data directory [default: $TABLIX_DATA, else $XDG_DATA_HOME/tablix, else ~/.local/share/tablix]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address of the HTTP SQL API (port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4001")]
+    pub http: SocketAddr,
+    /// sync: every acknowledged write is on disk; async: flushed within --flush-interval-ms.
+    #[arg(long, value_enum, default_value = "sync")]
+    pub mode: ModeArg,
+    /// Longest time an acknowledged write stays unsynced in async mode.
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub flush_interval_ms: u64,
+    /// Largest HTTP request body accepted (bytes); larger ones get 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1024..=1 << 30))]
+    pub body_limit: u64,
+    /// Read-only connections serving queries.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub readers: u64,
+    /// Where to mount the tablix file system.
+    #[arg(value_name = "MOUNTPOINT")]
+    pub mountpoint: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct SqlArgs {
+    /// Daemon to talk to, HOST:PORT [default: the daemon of --data]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// Data directory whose daemon to find [default: as for `tablix up`]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Run the SQL and dot-commands in FILE.
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Stay interactive after running -f FILE or SQL arguments.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Output mode: table, csv, json, line or list.
+    #[arg(short = 'm', long, value_name = "MODE", default_value = "table")]
+    pub mode: String,
+    /// Print column headers in csv and list modes.
+    #[arg(long)]
+    pub headers: bool,
+    /// SQL statements or dot-commands to run, then exit.
+    #[arg(value_name = "SQL")]
+    pub sql: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchWhich,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchWhich {
+    /// Single-row inserts through the HTTP API (sync mode) with several
+    /// client counts, against plain rusqlite with one insert per transaction.
+    Insert(InsertBenchArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct InsertBenchArgs {
+    /// Scratch directory on the disk to measure [default: ./target/bench]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Concurrent HTTP clients to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16])]
+    pub clients: Vec<usize>,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}

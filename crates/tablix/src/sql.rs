@@ -1,0 +1,76 @@
+//! `tablix sql`.
+
+use std::io::{IsTerminal, Read};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tablix_shell::{Client, ClientError, Mode, Shell, ShellError};
+
+use crate::cli::SqlArgs;
+use crate::discovery;
+
+pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
+    let mode: Mode = args.mode.parse().map_err(anyhow::Error::msg)?;
+    let addr = discovery::daemon_addr(args.addr.as_deref(), args.data.as_deref())?;
+    let client = Client::new(addr.clone());
+    if let Err(e) = client.ping() {
+        return Err(match e {
+            ClientError::Unreachable { .. } if args.addr.is_none() => {
+                anyhow::anyhow!(discovery::not_answering(&addr, args.data.as_deref()))
+            }
+            other => other.into(),
+        });
+    }
+    let mut shell = Shell::new(client, std::io::stdout().lock());
+    shell.set_mode(mode);
+    shell.set_headers(args.headers);
+
+    let mut ran_something = false;
+    if let Some(file) = &args.file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        if let Some(code) = batch(&mut shell, &text) {
+            return Ok(code);
+        }
+        ran_something = true;
+    }
+    if !args.sql.is_empty() {
+        let mut text = String::new();
+        for arg in &args.sql {
+            text.push_str(arg);
+            if !arg.trim_end().ends_with(';') && !arg.trim_start().starts_with('.') {
+                text.push(';');
+            }
+            text.push('\n');
+        }
+        if let Some(code) = batch(&mut shell, &text) {
+            return Ok(code);
+        }
+        ran_something = true;
+    }
+    let stdin = std::io::stdin();
+    if args.interactive || (!ran_something && stdin.is_terminal()) {
+        let history =
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".tablix_history"));
+        shell.repl(history.as_deref())?;
+    } else if !ran_something {
+        let mut text = String::new();
+        stdin.lock().read_to_string(&mut text)?;
+        if let Some(code) = batch(&mut shell, &text) {
+            return Ok(code);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a batch; on error prints it and returns the exit code to leave with.
+fn batch<W: std::io::Write>(shell: &mut Shell<W>, text: &str) -> Option<ExitCode> {
+    match shell.run_batch(text) {
+        Ok(()) => None,
+        Err(ShellError::Quit) => Some(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("Error: {e}");
+            Some(ExitCode::FAILURE)
+        }
+    }
+}

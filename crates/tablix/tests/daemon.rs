@@ -1,0 +1,410 @@
+//! The `tablix` binary end to end: a real daemon on an ephemeral 127.0.0.1
+//! port, driven by `tablix sql` and plain HTTP.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tablix");
+
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+impl Daemon {
+    fn start(data: &Path, extra: &[&str]) -> Daemon {
+        match Daemon::try_start(data, extra) {
+            Ok(d) => d,
+            Err(e) => panic!("daemon did not start: {e}"),
+        }
+    }
+
+    fn try_start(data: &Path, extra: &[&str]) -> Result<Daemon, String> {
+        let mut child = Command::new(BIN)
+            .args(["up", "--http", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .args(extra)
+            .env("TABLIX_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
+        match line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http=http://"))
+        {
+            Some(addr) => Ok(Daemon {
+                addr: addr.to_string(),
+                child,
+            }),
+            None => {
+                let out = child.wait_with_output().unwrap();
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(rc, 0);
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    fn stop(mut self) {
+        self.signal(libc::SIGTERM);
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "daemon exited with {status}");
+    }
+
+    fn post(&self, path: &str, body: &str) -> serde_json::Value {
+        let agent = ureq::Agent::new_with_defaults();
+        let mut r = agent
+            .post(format!("http://{}{path}", self.addr))
+            .header("Content-Type", "application/json")
+            .send(body)
+            .unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tablix(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn sql(data: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["sql", "--data", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    tablix(&all, "")
+}
+
+#[test]
+fn up_serves_sql_and_stops_cleanly_keeping_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = Daemon::start(&data, &[]);
+    assert!(data.join("daemon.json").exists());
+    let o = sql(
+        &data,
+        &[
+            "CREATE TABLE foo(id INTEGER PRIMARY KEY, name TEXT)",
+            "INSERT INTO foo(name) VALUES ('fiona'), ('declan')",
+        ],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let o = sql(
+        &data,
+        &[
+            "-m",
+            "csv",
+            "--headers",
+            "SELECT id, name FROM foo ORDER BY id",
+        ],
+    );
+    assert_eq!(text(&o).0, "id,name\n1,fiona\n2,declan\n");
+    // The daemon records itself in the memory database.
+    let o = sql(&data, &["-m", "list", "SELECT mode FROM daemon"]);
+    assert_eq!(text(&o).0, "sync\n");
+    d.stop();
+    assert!(
+        !data.join("daemon.json").exists(),
+        "daemon.json left after a clean stop"
+    );
+    let d = Daemon::start(&data, &["--mode", "async"]);
+    let o = sql(
+        &data,
+        &[
+            "-m",
+            "list",
+            "SELECT count(*) FROM foo",
+            "SELECT mode FROM daemon",
+        ],
+    );
+    assert_eq!(text(&o).0, "2\nasync\n");
+    d.stop();
+}
+
+#[test]
+fn a_second_daemon_and_a_busy_address_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &[]);
+    let err = Daemon::try_start(dir.path(), &[]).err().unwrap();
+    assert!(
+        err.contains("is in use by another tablix daemon (pid"),
+        "{err}"
+    );
+    let other = tempfile::tempdir().unwrap();
+    let o = tablix(
+        &[
+            "up",
+            "--data",
+            other.path().to_str().unwrap(),
+            "--http",
+            &d.addr,
+        ],
+        "",
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains(&format!("cannot listen on {}", d.addr)),
+        "{:?}",
+        text(&o)
+    );
+    // The refused daemon released its own data directory.
+    drop(Daemon::start(other.path(), &[]));
+    d.stop();
+}
+
+#[test]
+fn sql_without_a_daemon_says_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = sql(dir.path(), &["SELECT 1"]);
+    assert!(!o.status.success());
+    let (_, err) = text(&o);
+    assert!(
+        err.contains("no tablix daemon is running") && err.contains("tablix up"),
+        "{err}"
+    );
+    // A daemon.json left by a killed daemon.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    std::fs::write(
+        dir.path().join("daemon.json"),
+        format!(r#"{{"pid": 1, "http_addr": "{port}", "version": "0"}}"#),
+    )
+    .unwrap();
+    let o = sql(dir.path(), &["SELECT 1"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("no tablix daemon is answering") && err.contains("tablix up"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_flags_and_paths_get_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = tablix(&["up", "--mode", "fast"], "");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).1.contains("invalid value 'fast'"),
+        "{:?}",
+        text(&o)
+    );
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let bad = dir.path().join("file/data");
+    let o = tablix(
+        &[
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--data",
+            bad.to_str().unwrap(),
+        ],
+        "",
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("cannot create data directory"),
+        "{:?}",
+        text(&o)
+    );
+    let o = tablix(
+        &[
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--data",
+            dir.path().to_str().unwrap(),
+            "/nonexistent/mnt",
+        ],
+        "",
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("does not exist"), "{:?}", text(&o));
+    let o = tablix(
+        &["sql", "--addr", "127.0.0.1:1", "-m", "yaml", "SELECT 1"],
+        "",
+    );
+    assert!(text(&o).1.contains("unknown mode"), "{:?}", text(&o));
+}
+
+#[test]
+fn the_shell_runs_batches_files_transactions_and_dumps() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = Daemon::start(&data, &[]);
+    let data_s = data.to_str().unwrap();
+    // Standard input: statements spanning lines, a dot-command, a
+    // transaction that the shell sends as one request.
+    let script = "CREATE TABLE t(\n  k INTEGER PRIMARY KEY,\n  v TEXT, b BLOB, r REAL);\n.mode line\nBEGIN;\nINSERT INTO t VALUES (1, 'a;b', X'00ff', 1.5);\nINSERT INTO t VALUES (2, 'it''s', NULL, 2.0);\nCOMMIT;\nSELECT v FROM t WHERE k = 2;\n";
+    let o = tablix(&["sql", "--data", data_s], script);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(text(&o).0, "v = it's\n");
+    // A failing transaction leaves nothing behind and fails the batch.
+    let o = tablix(
+        &["sql", "--data", data_s],
+        "BEGIN;\nINSERT INTO t VALUES (3, 'c', NULL, 0);\nINSERT INTO t VALUES (1, 'dup', NULL, 0);\nCOMMIT;\nSELECT 'not reached';\n",
+    );
+    assert!(!o.status.success());
+    let (out, err) = text(&o);
+    assert!(
+        err.contains("UNIQUE constraint failed") && err.contains("rolled back"),
+        "{err}"
+    );
+    assert!(!out.contains("not reached"));
+    let o = sql(&data, &["-m", "list", "SELECT count(*) FROM t"]);
+    assert_eq!(text(&o).0, "2\n");
+    // -f FILE, and .read from it.
+    let file = dir.path().join("more.sql");
+    std::fs::write(
+        &file,
+        "INSERT INTO t(k, v) VALUES (10, 'from file');\n.mode csv\nSELECT v FROM t WHERE k = 10;\n",
+    )
+    .unwrap();
+    let o = sql(&data, &["-f", file.to_str().unwrap()]);
+    assert_eq!(text(&o).0, "from file\n", "{:?}", text(&o));
+    let o = sql(&data, &["-m", "json", "SELECT k, b FROM t WHERE k = 1"]);
+    assert_eq!(text(&o).0, "[{\"k\":1,\"b\":\"00ff\"}]\n");
+    // .dump restores into another daemon and dumps the same again.
+    let dump = text(&sql(&data, &[".dump"])).0;
+    assert!(
+        dump.contains("INSERT INTO \"t\" VALUES(1,'a;b',X'00ff',1.5);"),
+        "{dump}"
+    );
+    assert!(!dump.contains("tablix_meta"), "{dump}");
+    let data2 = dir.path().join("data2");
+    let d2 = Daemon::start(&data2, &[]);
+    let o = tablix(&["sql", "--data", data2.to_str().unwrap()], &dump);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(text(&sql(&data2, &[".dump"])).0, dump);
+    // A bad dot-command fails a batch; --addr names a daemon directly.
+    let o = tablix(&["sql", "--addr", &d2.addr, ".frobnicate"], "");
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("unknown command: .frobnicate"),
+        "{:?}",
+        text(&o)
+    );
+    d2.stop();
+    d.stop();
+}
+
+#[test]
+fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = Daemon::start(&data, &["--mode", "sync"]);
+    d.post(
+        "/db/execute",
+        r#"["CREATE TABLE acked(id INTEGER PRIMARY KEY, pad TEXT)"]"#,
+    );
+    let acked = Arc::new(Mutex::new(BTreeSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4u64 {
+        let (acked, stop, addr) = (acked.clone(), stop.clone(), d.addr.clone());
+        writers.push(std::thread::spawn(move || {
+            let agent = ureq::Agent::new_with_defaults();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let id = w * 1_000_000_000 + i;
+                let body = format!(
+                    r#"[["INSERT INTO acked VALUES (?, ?)", {id}, "{}"]]"#,
+                    "x".repeat(200)
+                );
+                let ok = agent
+                    .post(format!("http://{addr}/db/execute"))
+                    .header("Content-Type", "application/json")
+                    .send(body)
+                    .ok()
+                    .and_then(|mut r| r.body_mut().read_to_string().ok())
+                    .is_some_and(|t| t.contains("\"rows_affected\":1"));
+                if ok {
+                    acked.lock().unwrap().insert(id as i64);
+                } else {
+                    break;
+                }
+                i += 1;
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    d.signal(libc::SIGKILL);
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    drop(d);
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 50,
+        "too few writes to be meaningful: {}",
+        acked.len()
+    );
+    let d = Daemon::start(&data, &[]);
+    let j = d.post(
+        "/db/query",
+        r#"["PRAGMA integrity_check", "SELECT id FROM acked"]"#,
+    );
+    assert_eq!(j["results"][0]["values"], serde_json::json!([["ok"]]));
+    let stored: BTreeSet<i64> = j["results"][1]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_i64().unwrap())
+        .collect();
+    let lost: Vec<_> = acked.difference(&stored).collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    d.stop();
+}

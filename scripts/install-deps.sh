@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what building and testing tablix needs on a fresh Debian machine,
+# skipping whatever is already there. Safe to run repeatedly.
+set -euo pipefail
+
+# Debian packages: a C compiler and headers for the bundled SQLite, and the
+# tools the benchmarks and tests call.
+packages=(gcc libc6-dev make pkg-config procps)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "install-deps: installing ${missing[*]}" >&2
+    if [[ $(id -u) -ne 0 ]]; then sudo=sudo; else sudo=; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null; then
+    echo "install-deps: cargo is missing; install Rust $(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml) with rustup" >&2
+    exit 1
+fi
+# The toolchain pinned in rust-toolchain.toml, with rustfmt and clippy.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy
+fi
