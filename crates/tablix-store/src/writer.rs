@@ -94,10 +94,7 @@ impl Writer {
         }
     }
 
-    fn commit_group(
-        &self,
-        group: Vec<(Box<Stamped>, Reply)>,
-    ) {
+    fn commit_group(&self, group: Vec<(Box<Stamped>, Reply)>) {
         let items: Vec<&Stamped> = group.iter().map(|(c, _)| c.as_ref()).collect();
         let n = items.len() as u64;
         Counters::add(&self.counters.batches, 1);
