@@ -3,6 +3,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -58,16 +61,13 @@ impl Daemon {
         }
     }
 
-    fn signal(&self, sig: i32) {
-        // SAFETY: plain kill(2) on our own child.
-        #[allow(unsafe_code)]
-        let rc = unsafe { libc::kill(self.child.id() as i32, sig) };
-        assert_eq!(rc, 0);
+    fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
     /// SIGTERM and wait for a clean exit.
     fn stop(mut self) {
-        self.signal(libc::SIGTERM);
+        self.signal(Signal::SIGTERM);
         let status = self.child.wait().unwrap();
         assert!(status.success(), "daemon exited with {status}");
     }
@@ -375,7 +375,7 @@ fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
         }));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    d.signal(libc::SIGKILL);
+    d.signal(Signal::SIGKILL);
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
