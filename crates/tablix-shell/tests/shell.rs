@@ -1,0 +1,151 @@
+//! The shell against a real server on an ephemeral 127.0.0.1 port.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use tablix_api::{ApiConfig, ServerInfo, router};
+use tablix_shell::{Client, Mode, Shell, ShellError};
+use tablix_store::{Store, StoreConfig};
+
+struct Server {
+    addr: String,
+    dir: tempfile::TempDir,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn server() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(StoreConfig::new(dir.path().join("data"))).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let info = ServerInfo {
+        version: "test".into(),
+        pid: 0,
+        data_dir: String::new(),
+        mode: "sync".into(),
+        http_addr: addr.clone(),
+    };
+    let app = router(store, info, ApiConfig::default());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    Server { addr, dir, _rt: rt }
+}
+
+fn run(s: &Server, mode: Mode, text: &str) -> (Result<(), ShellError>, String) {
+    let mut shell = Shell::new(Client::new(s.addr.clone()), Vec::new());
+    shell.set_mode(mode);
+    let r = shell.run_batch(text);
+    (r, String::from_utf8(shell.into_output()).unwrap())
+}
+
+#[test]
+fn tables_schema_and_modes() {
+    let s = server();
+    let (r, out) = run(
+        &s,
+        Mode::List,
+        "CREATE TABLE b(x);\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n.tables\n.schema a%\n.tables nomatch\n",
+    );
+    r.unwrap();
+    assert_eq!(
+        out,
+        "a  b  mem.daemon  tablix_meta\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n"
+    );
+    let (r, out) = run(
+        &s,
+        Mode::Csv,
+        "INSERT INTO a VALUES (1, 'x,y');\n.headers on\nSELECT * FROM a;\n.mode line\nSELECT y FROM a;\n",
+    );
+    r.unwrap();
+    assert_eq!(out, "y,z\n1,\"x,y\"\ny = 1\n");
+}
+
+#[test]
+fn errors_stop_a_batch_and_say_why() {
+    let s = server();
+    let (r, out) = run(
+        &s,
+        Mode::List,
+        "SELECT 1;\nSELECT * FROM missing;\nSELECT 2;\n",
+    );
+    assert!(
+        matches!(r, Err(ShellError::Sql(ref m)) if m.contains("no such table: missing")),
+        "{r:?}"
+    );
+    assert_eq!(out, "1\n");
+    let (r, _) = run(&s, Mode::List, "BEGIN;\nCREATE TABLE never(x);\n");
+    assert!(
+        matches!(r, Err(ShellError::Sql(ref m)) if m.contains("BEGIN without COMMIT")),
+        "{r:?}"
+    );
+    let (r, out) = run(&s, Mode::List, ".tables never\n");
+    r.unwrap();
+    assert_eq!(out, "", "an unfinished transaction must apply nothing");
+    let (r, _) = run(&s, Mode::List, "COMMIT;");
+    assert!(
+        matches!(r, Err(ShellError::Sql(ref m)) if m.contains("no transaction is active")),
+        "{r:?}"
+    );
+    let (r, _) = run(&s, Mode::List, ".read /nonexistent/file.sql\n");
+    assert!(
+        matches!(r, Err(ShellError::Usage(ref m)) if m.contains("cannot read")),
+        "{r:?}"
+    );
+    let (r, _) = run(&s, Mode::List, ".quit\nSELECT 1;\n");
+    assert!(matches!(r, Err(ShellError::Quit)));
+}
+
+#[test]
+fn rollback_discards_and_read_runs_files() {
+    let s = server();
+    let file = s.dir.path().join("f.sql");
+    std::fs::write(&file, "CREATE TABLE r(x);\nINSERT INTO r VALUES (7);\n").unwrap();
+    let (r, out) = run(
+        &s,
+        Mode::List,
+        &format!(
+            ".read {}\nBEGIN;\nINSERT INTO r VALUES (8);\nROLLBACK;\nSELECT group_concat(x) FROM r;\n",
+            file.display()
+        ),
+    );
+    r.unwrap();
+    assert_eq!(out, "7\n");
+}
+
+#[test]
+fn dump_round_trips_types_and_objects() {
+    let s = server();
+    let (r, _) = run(
+        &s,
+        Mode::List,
+        "CREATE TABLE \"odd name\"(i INTEGER, r REAL, t TEXT, b BLOB, n);\n\
+         INSERT INTO \"odd name\" VALUES (1, 2.0, 'it''s', X'000102', NULL), (-5, 1e300, '', X'', 3.25);\n\
+         CREATE VIEW v AS SELECT i FROM \"odd name\";\n\
+         CREATE TRIGGER g AFTER INSERT ON \"odd name\" BEGIN SELECT 1; END;\n",
+    );
+    r.unwrap();
+    let (r, dump) = run(&s, Mode::List, ".dump\n");
+    r.unwrap();
+    let other = server();
+    let (r, _) = run(&other, Mode::List, &dump);
+    r.unwrap();
+    let (r, again) = run(&other, Mode::List, ".dump\n");
+    r.unwrap();
+    assert_eq!(dump, again);
+    let (r, out) = run(
+        &other,
+        Mode::List,
+        "SELECT typeof(i), typeof(r), typeof(t), typeof(b), typeof(n) FROM \"odd name\" ORDER BY i;\n",
+    );
+    r.unwrap();
+    assert_eq!(
+        out,
+        "integer|real|text|blob|real\ninteger|real|text|blob|null\n"
+    );
+}
