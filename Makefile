@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Arguments for `make run`, e.g. make run ARGS="--mode async".
 ARGS ?=
 
-.PHONY: deps run test lint build bench bench-insert
+.PHONY: deps run test lint build bench bench-insert pcache-c-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -15,9 +15,20 @@ build: deps
 run: build
 	./target/release/tablix up $(ARGS)
 
-## Every test: formatting, lints, unit, property, integration and crash tests.
+## Every test: formatting, lints, unit, property, integration and crash
+## tests, and the page cache used from a C program.
 test: deps lint
 	$(CARGO) test --workspace --locked
+	$(MAKE) pcache-c-test
+
+## The page cache as a static library, used by a C program linked against
+## the system SQLite, under every policy.
+PCACHE_LIB = target/pcache-c/release/libtablix_pcache.a
+pcache-c-test:
+	$(CARGO) build --locked --release -p tablix-pcache --target-dir target/pcache-c
+	cc -O2 -Wall -Wextra -Werror -Icrates/tablix-pcache/include crates/tablix-pcache/c/install_test.c \
+		$(PCACHE_LIB) -lsqlite3 -lpthread -ldl -lm -o target/pcache-c/install_test
+	for p in lru lfu-hist s3-fifo; do ./target/pcache-c/install_test $$p || exit 1; done
 
 lint:
 	$(CARGO) fmt --all -- --check

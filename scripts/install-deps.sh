@@ -3,9 +3,10 @@
 # skipping whatever is already there. Safe to run repeatedly.
 set -euo pipefail
 
-# Debian packages: a C compiler and headers for the bundled SQLite, and the
-# tools the benchmarks and tests call.
-packages=(gcc libc6-dev make pkg-config procps)
+# Debian packages: a C compiler and headers for the bundled SQLite; the
+# system SQLite the C page-cache test links against; the tools the
+# benchmarks and tests call.
+packages=(gcc libc6-dev make pkg-config procps libsqlite3-dev)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -41,6 +41,8 @@ pub struct ServerInfo {
     pub data_dir: String,
     pub mode: String,
     pub http_addr: String,
+    /// The page-cache policy installed, or "sqlite" for SQLite's own.
+    pub pcache: String,
 }
 
 struct App {
@@ -252,6 +254,21 @@ async fn status(State(app): Shared) -> Response {
             "stats": app.store.stats(),
         },
         "http": { "addr": app.info.http_addr, "body_limit": app.config.body_limit },
+        "pcache": {
+            "policy": app.info.pcache,
+            "caches": tablix_pcache::caches().iter().map(|c| json!({
+                "cache_id": c.id,
+                "policy": c.policy.name(),
+                "page_size": c.page_size,
+                "purgeable": c.purgeable,
+                "capacity": c.capacity,
+                "resident": c.resident,
+                "pinned": c.pinned,
+                "hits": c.hits,
+                "misses": c.misses,
+                "evictions": c.evictions,
+            })).collect::<Vec<_>>(),
+        },
     }))
     .into_response()
 }

@@ -32,6 +32,7 @@ fn server(body_limit: usize) -> Server {
         data_dir: dir.path().display().to_string(),
         mode: "sync".into(),
         http_addr: addr.to_string(),
+        pcache: "sqlite".into(),
     };
     let app = router(store, info, ApiConfig { body_limit });
     rt.spawn(async move { axum::serve(listener, app).await });

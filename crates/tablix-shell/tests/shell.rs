@@ -31,6 +31,7 @@ fn server() -> Server {
         data_dir: String::new(),
         mode: "sync".into(),
         http_addr: addr.clone(),
+        pcache: "sqlite".into(),
     };
     let app = router(store, info, ApiConfig::default());
     rt.spawn(async move { axum::serve(listener, app).await });

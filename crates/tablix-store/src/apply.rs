@@ -63,6 +63,7 @@ impl Applier {
         schema::migrate(&conn, &path)?;
         attach_memory(&conn, mem_uri)?;
         conn.execute_batch(schema::MEMORY_SCHEMA)?;
+        tablix_pcache::register_stats_table(&conn)?;
         let rng = Arc::new(AtomicU64::new(0));
         register_random(&conn, &rng)?;
         let policy = Policy::install(&mut conn, false)?;

@@ -16,7 +16,8 @@ use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 /// Whether a table belongs to tablix rather than to the user. Everything in
 /// the memory database is tablix state, as is every `tablix_*` table.
 pub fn is_system_table(database: Option<&str>, table: &str) -> bool {
-    database == Some("mem") || table.to_ascii_lowercase().starts_with("tablix_")
+    let lower = table.to_ascii_lowercase();
+    database == Some("mem") || lower.starts_with("tablix_") || lower == "pcache_stats"
 }
 
 /// Pragmas that only report, and may take an argument naming what to report on.

@@ -42,6 +42,7 @@ impl Readers {
             )?;
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
             attach_memory(&conn, mem_uri)?;
+            tablix_pcache::register_stats_table(&conn)?;
             conn.pragma_update(None, "query_only", true)?;
             let policy = Policy::install(&mut conn, true)?;
             idle.push(Reader { conn, policy });

@@ -52,6 +52,9 @@ pub struct UpArgs {
     /// Read-only connections serving queries.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub readers: u64,
+    /// Page-cache policy: lru, lfu-hist, s3-fifo, or sqlite for SQLite's own cache.
+    #[arg(long, value_name = "POLICY", default_value = tablix_pcache::DEFAULT_POLICY.name(), value_parser = parse_pcache)]
+    pub pcache: PcacheChoice,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,
@@ -109,4 +112,38 @@ pub struct InsertBenchArgs {
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+}
+
+/// A page cache to run with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PcacheChoice {
+    /// SQLite's built-in page cache.
+    Sqlite,
+    Tablix(tablix_pcache::Policy),
+}
+
+impl PcacheChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            PcacheChoice::Sqlite => "sqlite",
+            PcacheChoice::Tablix(p) => p.name(),
+        }
+    }
+
+    /// Installs the choice; must run before SQLite initialises.
+    pub fn install(self) -> anyhow::Result<()> {
+        match self {
+            PcacheChoice::Sqlite => Ok(()),
+            PcacheChoice::Tablix(p) => tablix_pcache::install(p).map_err(anyhow::Error::from),
+        }
+    }
+}
+
+pub fn parse_pcache(s: &str) -> Result<PcacheChoice, String> {
+    if s == "sqlite" {
+        return Ok(PcacheChoice::Sqlite);
+    }
+    s.parse()
+        .map(PcacheChoice::Tablix)
+        .map_err(|e: String| format!("{e}, sqlite"))
 }

@@ -20,6 +20,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Before anything opens a connection: SQLite takes its page cache at
+    // initialisation.
+    args.pcache.install()?;
     let data = discovery::data_dir(args.data.as_deref())?;
     if let Some(mp) = &args.mountpoint {
         if !mp.is_dir() {
@@ -93,6 +96,7 @@ async fn serve(
         data_dir: data.display().to_string(),
         mode: durability.as_str().into(),
         http_addr: addr.to_string(),
+        pcache: args.pcache.name().into(),
     };
     let app = router(
         store,
@@ -110,9 +114,10 @@ async fn serve(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     println!(
-        "tablix ready: http=http://{addr} data={} mode={} pid={}",
+        "tablix ready: http=http://{addr} data={} mode={} pcache={} pid={}",
         data.display(),
         durability.as_str(),
+        args.pcache.name(),
         std::process::id()
     );
     axum::serve(listener, app)

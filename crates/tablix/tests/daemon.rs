@@ -408,3 +408,52 @@ fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
     );
     d.stop();
 }
+
+#[test]
+fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
+    let o = tablix(&["up", "--pcache", "arc"], "");
+    assert_eq!(o.status.code(), Some(2));
+    let err = text(&o).1;
+    assert!(
+        err.contains("unknown page-cache policy \"arc\"")
+            && err.contains("lru, lfu-hist, s3-fifo, sqlite"),
+        "{err}"
+    );
+    for policy in ["lru", "lfu-hist", "s3-fifo"] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Daemon::start(dir.path(), &["--pcache", policy]);
+        d.post(
+            "/db/execute",
+            r#"["CREATE TABLE t(x)", "INSERT INTO t VALUES (1), (2), (3)"]"#,
+        );
+        let j = d.post(
+            "/db/query",
+            r#"["SELECT DISTINCT policy FROM pcache_stats", "SELECT sum(hits) > 0, sum(misses) > 0 FROM pcache_stats"]"#,
+        );
+        assert_eq!(
+            j["results"][0]["values"],
+            serde_json::json!([[policy]]),
+            "{j}"
+        );
+        assert_eq!(
+            j["results"][1]["values"],
+            serde_json::json!([[1, 1]]),
+            "{j}"
+        );
+        let status: serde_json::Value = {
+            let mut r = ureq::get(format!("http://{}/status", d.addr))
+                .call()
+                .unwrap();
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+        };
+        assert_eq!(status["pcache"]["policy"], serde_json::json!(policy));
+        assert!(!status["pcache"]["caches"].as_array().unwrap().is_empty());
+        d.stop();
+    }
+    // SQLite's own cache: the table exists and is empty.
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(dir.path(), &["--pcache", "sqlite"]);
+    let j = d.post("/db/query", r#"["SELECT count(*) FROM pcache_stats"]"#);
+    assert_eq!(j["results"][0]["values"], serde_json::json!([[0]]), "{j}");
+    d.stop();
+}

@@ -1,0 +1,40 @@
+//! The tablix page cache: SQLite's page cache replaced through the public
+//! `sqlite3_pcache_methods2` interface (`SQLITE_CONFIG_PCACHE2`), with a
+//! choice of eviction policy and live statistics.
+//!
+//! * [`Policy::Lru`]: least recently unpinned first, the reference;
+//! * [`Policy::LfuHist`]: the reference-history policy of Ma (2013), made
+//!   O(1) with per-count FIFO buckets;
+//! * [`Policy::S3Fifo`]: S3-FIFO, scan-resistant.
+//!
+//! Rust programs call [`install`] before opening their first connection; C
+//! programs link `libtablix_pcache.a` and call `tablix_pcache_install`
+//! (see `include/tablix_pcache.h`). Statistics are read with [`caches`],
+//! [`totals`] or, with the `sql` feature, the `pcache_stats` virtual table.
+//!
+//! This crate and `tablix-vfs` are the only ones allowed `unsafe` code.
+#![allow(unsafe_code)]
+
+mod cache;
+mod ffi;
+mod list;
+mod methods;
+mod policy;
+mod slot;
+mod stats;
+#[cfg(test)]
+mod tests;
+#[cfg(feature = "sql")]
+mod vtab;
+
+pub use cache::Cache;
+pub use ffi::{PcacheMethods2, PcachePage};
+pub use methods::{InstallError, install, methods};
+pub use policy::Policy;
+pub use stats::{StatsSnapshot, caches, totals};
+#[cfg(feature = "sql")]
+pub use vtab::register_stats_table;
+
+/// The policy tablix uses unless told otherwise (chosen from the figures
+/// in DESIGN.md).
+pub const DEFAULT_POLICY: Policy = Policy::S3Fifo;

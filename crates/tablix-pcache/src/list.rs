@@ -1,0 +1,98 @@
+//! Intrusive doubly-linked lists threaded through the slot arena, so that
+//! moving a page between lists is O(1) and allocates nothing.
+
+use crate::slot::{NIL, Slot};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct List {
+    pub head: u32,
+    pub tail: u32,
+    pub len: u32,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        List::new()
+    }
+}
+
+impl List {
+    pub const fn new() -> List {
+        List {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `i` (which must be in no list) at the tail.
+    pub fn push_back(&mut self, slots: &mut [Slot], i: u32) {
+        let s = &mut slots[i as usize];
+        debug_assert!(!s.linked, "slot {i} already linked");
+        s.prev = self.tail;
+        s.next = NIL;
+        s.linked = true;
+        if self.tail == NIL {
+            self.head = i;
+        } else {
+            slots[self.tail as usize].next = i;
+        }
+        self.tail = i;
+        self.len += 1;
+    }
+
+    /// Removes `i`, which must be in this list.
+    pub fn unlink(&mut self, slots: &mut [Slot], i: u32) {
+        let (prev, next) = {
+            let s = &mut slots[i as usize];
+            debug_assert!(s.linked, "slot {i} not linked");
+            s.linked = false;
+            (s.prev, s.next)
+        };
+        if prev == NIL {
+            self.head = next;
+        } else {
+            slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            slots[next as usize].prev = prev;
+        }
+        self.len -= 1;
+    }
+
+    pub fn pop_front(&mut self, slots: &mut [Slot]) -> Option<u32> {
+        let h = self.head;
+        if h == NIL {
+            return None;
+        }
+        self.unlink(slots, h);
+        Some(h)
+    }
+
+    /// The members from head to tail (for invariant checks).
+    pub fn members(&self, slots: &[Slot]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(self.len as usize);
+        let mut i = self.head;
+        let mut prev = NIL;
+        while i != NIL {
+            assert_eq!(slots[i as usize].prev, prev, "broken prev link at {i}");
+            assert!(slots[i as usize].linked);
+            out.push(i);
+            prev = i;
+            i = slots[i as usize].next;
+            assert!(
+                out.len() <= self.len as usize,
+                "list longer than its length"
+            );
+        }
+        assert_eq!(self.tail, prev, "tail mismatch");
+        assert_eq!(out.len(), self.len as usize, "length mismatch");
+        out
+    }
+}

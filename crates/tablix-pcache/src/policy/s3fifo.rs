@@ -1,0 +1,171 @@
+//! S3-FIFO (Yang et al., SOSP 2023): new pages enter a small FIFO (a tenth
+//! of the budget); a page referenced again while there moves to the main
+//! FIFO when it reaches the small FIFO's head, others are evicted and their
+//! keys remembered in a ghost FIFO; a page whose key is in the ghost goes
+//! straight to main. Main evicts from its head, giving pages referenced
+//! since their last pass (freq > 0) another round with freq - 1. One-time
+//! pages of a scan never reach main, so a scan cannot flush the hot set.
+//!
+//! Pinned pages stay in their FIFO; eviction rotates past them.
+//!
+//! Invariants: every live page is in exactly one of `small` (queue 1) and
+//! `main` (queue 2), pinned or not; `freq <= 3`; the ghost holds at most
+//! `capacity` keys, none of them resident.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::sorted;
+use crate::list::List;
+use crate::slot::Slot;
+
+const SMALL: u8 = 1;
+const MAIN: u8 = 2;
+const MAX_FREQ: u8 = 3;
+
+#[derive(Default)]
+pub struct S3Fifo {
+    small: List,
+    main: List,
+    ghost: Ghost,
+}
+
+/// Keys recently evicted from the small FIFO, oldest first.
+#[derive(Default)]
+struct Ghost {
+    order: VecDeque<(u32, u64)>,
+    /// key -> sequence number of its newest entry in `order`.
+    keys: HashMap<u32, u64>,
+    seq: u64,
+}
+
+impl Ghost {
+    fn take(&mut self, key: u32) -> bool {
+        self.keys.remove(&key).is_some()
+    }
+
+    /// Remembers `key`, forgetting the oldest beyond `bound`. Memory is
+    /// reserved fallibly: under memory pressure the ghost just forgets.
+    fn insert(&mut self, key: u32, bound: usize) {
+        if self.keys.try_reserve(1).is_err() || self.order.try_reserve(1).is_err() {
+            return;
+        }
+        self.seq += 1;
+        self.keys.insert(key, self.seq);
+        self.order.push_back((key, self.seq));
+        while self.keys.len() > bound || self.order.len() > 2 * bound + 16 {
+            let Some((k, s)) = self.order.pop_front() else {
+                break;
+            };
+            if self.keys.get(&k) == Some(&s) {
+                self.keys.remove(&k);
+            }
+        }
+    }
+}
+
+impl S3Fifo {
+    fn list(&mut self, q: u8) -> &mut List {
+        if q == SMALL {
+            &mut self.small
+        } else {
+            &mut self.main
+        }
+    }
+
+    pub fn admit(&mut self, slots: &mut [Slot], i: u32) {
+        let key = slots[i as usize].key;
+        slots[i as usize].freq = 0;
+        let q = if self.ghost.take(key) { MAIN } else { SMALL };
+        slots[i as usize].queue = q;
+        self.list(q).push_back(slots, i);
+    }
+
+    pub fn touch(&mut self, slots: &mut [Slot], i: u32) {
+        let s = &mut slots[i as usize];
+        s.freq = (s.freq + 1).min(MAX_FREQ);
+    }
+
+    pub fn unpin(&mut self, _slots: &mut [Slot], _i: u32) {}
+
+    pub fn rekey(&mut self, _slots: &mut [Slot], _i: u32, new_key: u32) {
+        self.ghost.take(new_key);
+    }
+
+    pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
+        let q = slots[i as usize].queue;
+        self.list(q).unlink(slots, i);
+    }
+
+    pub fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
+        let small_target = (capacity / 10).max(1) as u32;
+        // Pinned pages passed over in each FIFO since it last made progress.
+        // A FIFO whose count reaches its length holds only pinned pages.
+        let mut small_pinned = 0u32;
+        let mut main_pinned = 0u32;
+        // Hard bound: every step either finds the victim, moves a page to
+        // main, lowers a freq (at most 3 per page) or passes a pinned page.
+        let mut budget = 8 * (self.small.len + self.main.len) as usize + 16;
+        while budget > 0 {
+            budget -= 1;
+            let small_open = small_pinned < self.small.len;
+            let main_open = main_pinned < self.main.len;
+            if !small_open && !main_open {
+                return None;
+            }
+            if small_open && (self.small.len > small_target || !main_open) {
+                let t = self.small.pop_front(slots)?;
+                let s = &mut slots[t as usize];
+                if s.pinned {
+                    self.small.push_back(slots, t);
+                    small_pinned += 1;
+                } else if s.freq > 0 {
+                    s.freq = 0;
+                    s.queue = MAIN;
+                    self.main.push_back(slots, t);
+                    main_pinned = 0;
+                } else {
+                    self.ghost.insert(s.key, capacity.max(1));
+                    return Some(t);
+                }
+            } else {
+                let t = self.main.pop_front(slots)?;
+                let s = &mut slots[t as usize];
+                if s.pinned {
+                    self.main.push_back(slots, t);
+                    main_pinned += 1;
+                } else if s.freq > 0 {
+                    s.freq -= 1;
+                    self.main.push_back(slots, t);
+                    main_pinned = 0;
+                } else {
+                    return Some(t);
+                }
+            }
+        }
+        None
+    }
+
+    pub fn check(&self, slots: &[Slot]) {
+        let small = self.small.members(slots);
+        let main = self.main.members(slots);
+        for &i in &small {
+            assert_eq!(slots[i as usize].queue, SMALL);
+        }
+        for &i in &main {
+            assert_eq!(slots[i as usize].queue, MAIN);
+        }
+        let live: Vec<u32> = (0..slots.len() as u32)
+            .filter(|&i| slots[i as usize].live)
+            .collect();
+        let mut both = small;
+        both.extend(main);
+        assert_eq!(sorted(both), live);
+        for &i in &live {
+            assert!(slots[i as usize].freq <= MAX_FREQ);
+            assert!(
+                !self.ghost.keys.contains_key(&slots[i as usize].key),
+                "resident key in ghost"
+            );
+        }
+    }
+}
