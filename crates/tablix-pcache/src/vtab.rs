@@ -99,22 +99,22 @@ unsafe impl VTabCursor for StatsCursor<'_> {
         let r = &self.rows[self.at];
         let as_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         match i {
-            0 => ctx.set_result(&as_i64(r.id)),
-            1 => ctx.set_result(&r.policy.name()),
-            2 => ctx.set_result(&(r.page_size as i64)),
-            3 => ctx.set_result(&r.purgeable),
-            4 => ctx.set_result(&as_i64(r.capacity)),
-            5 => ctx.set_result(&as_i64(r.resident)),
-            6 => ctx.set_result(&as_i64(r.pinned)),
-            7 => ctx.set_result(&as_i64(r.hits)),
-            8 => ctx.set_result(&as_i64(r.misses)),
-            9 => ctx.set_result(&as_i64(r.evictions)),
+            0 => ctx.set_result(as_i64(r.id)),
+            1 => ctx.set_result(r.policy.name()),
+            2 => ctx.set_result(r.page_size as i64),
+            3 => ctx.set_result(r.purgeable),
+            4 => ctx.set_result(as_i64(r.capacity)),
+            5 => ctx.set_result(as_i64(r.resident)),
+            6 => ctx.set_result(as_i64(r.pinned)),
+            7 => ctx.set_result(as_i64(r.hits)),
+            8 => ctx.set_result(as_i64(r.misses)),
+            9 => ctx.set_result(as_i64(r.evictions)),
             _ => {
                 let total = r.hits + r.misses;
                 if total == 0 {
-                    ctx.set_result(&rusqlite::types::Null)
+                    ctx.set_result(rusqlite::types::Null)
                 } else {
-                    ctx.set_result(&(r.hits as f64 / total as f64))
+                    ctx.set_result(r.hits as f64 / total as f64)
                 }
             }
         }
