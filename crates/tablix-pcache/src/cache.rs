@@ -1,32 +1,13 @@
 //! One page cache instance: the key map, the page allocations and a policy.
 
 use std::alloc::Layout;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use crate::ffi::PcachePage;
 use crate::policy::{Policy, State};
 use crate::slot::{NIL, Slot};
-use crate::stats::CacheStats;
-
-/// Multiplicative hashing of page numbers: one multiply, good high bits.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+use crate::stats::{CacheStats, Counters};
+use crate::table::Table;
 
 /// Bytes before the page buffer: the `sqlite3_pcache_page` handed to SQLite
 /// and the owning slot's index.
@@ -49,9 +30,12 @@ pub struct Cache {
     layout: Layout,
     slots: Vec<Slot>,
     free: Vec<u32>,
-    map: HashMap<u32, u32, BuildHasherDefault<KeyHasher>>,
+    map: Table,
     resident: usize,
     pinned: usize,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
     policy: State,
     stats: Arc<CacheStats>,
 }
@@ -78,9 +62,12 @@ impl Cache {
             layout,
             slots: Vec::new(),
             free: Vec::new(),
-            map: HashMap::default(),
+            map: Table::new(),
             resident: 0,
             pinned: 0,
+            hits: 0,
+            misses: 0,
+            evictions: 0,
             policy: State::new(policy),
             stats,
         })
@@ -144,23 +131,45 @@ impl Cache {
     }
 
     /// `xFetch`.
+    #[inline]
     pub fn fetch(&mut self, key: u32, create: i32) -> *mut PcachePage {
-        let out = self.fetch_inner(key, create);
+        match self.map.get(&self.slots, key) {
+            Some(i) => self.hit(i),
+            None => self.fetch_absent(key, create),
+        }
+    }
+
+    /// The hot path: a resident page is pinned and returned.
+    #[inline]
+    fn hit(&mut self, i: u32) -> *mut PcachePage {
+        self.hits += 1;
+        self.policy.touch(&mut self.slots, i);
+        debug_assert!((i as usize) < self.slots.len());
+        // SAFETY: the table only holds in-bounds slot indices.
+        let s = unsafe { self.slots.get_unchecked_mut(i as usize) };
+        let page = s.mem.cast();
+        if !s.pinned {
+            s.pinned = true;
+            self.pinned += 1;
+        }
+        if self.hits % 1024 == 0 {
+            self.publish();
+        }
+        #[cfg(debug_assertions)]
+        self.check();
+        page
+    }
+
+    /// The page is not resident: create it if asked to.
+    #[cold]
+    #[inline(never)]
+    fn fetch_absent(&mut self, key: u32, create: i32) -> *mut PcachePage {
+        let out = self.create(key, create);
         self.publish();
         out
     }
 
-    fn fetch_inner(&mut self, key: u32, create: i32) -> *mut PcachePage {
-        if let Some(&i) = self.map.get(&key) {
-            self.stats.hit();
-            self.policy.touch(&mut self.slots, i);
-            let s = &mut self.slots[i as usize];
-            if !s.pinned {
-                s.pinned = true;
-                self.pinned += 1;
-            }
-            return self.page_ptr(i);
-        }
+    fn create(&mut self, key: u32, create: i32) -> *mut PcachePage {
         if create == 0 {
             return std::ptr::null_mut();
         }
@@ -169,7 +178,7 @@ impl Cache {
         if create == 1 && self.purgeable && self.pinned >= (self.capacity * 9 / 10).max(1) {
             return std::ptr::null_mut();
         }
-        if self.map.try_reserve(1).is_err() {
+        if !self.map.reserve_one(&mut self.slots) {
             return std::ptr::null_mut();
         }
         let mut recycled = None;
@@ -181,9 +190,8 @@ impl Cache {
         }
         let i = match recycled {
             Some(v) => {
-                self.stats.eviction();
-                let old = self.slots[v as usize].key;
-                self.map.remove(&old);
+                self.evictions += 1;
+                self.map.remove(&mut self.slots, v);
                 self.zero_extra(v);
                 v
             }
@@ -208,30 +216,44 @@ impl Cache {
                 i
             }
         };
-        self.stats.miss();
+        self.misses += 1;
         let s = &mut self.slots[i as usize];
         s.key = key;
         s.live = true;
         s.pinned = true;
         s.freq = 0;
         self.pinned += 1;
-        self.map.insert(key, i);
+        self.map.insert(&mut self.slots, i);
         self.policy.admit(&mut self.slots, i);
         self.page_ptr(i)
     }
 
-    /// `xUnpin`.
+    /// `xUnpin`. `i` must be a live slot (the index SQLite's page carries).
+    #[inline]
     pub fn unpin(&mut self, i: u32, discard: bool) {
-        if self.slots[i as usize].pinned {
-            self.slots[i as usize].pinned = false;
+        assert!((i as usize) < self.slots.len(), "unpin of unknown slot {i}");
+        if discard {
+            return self.unpin_discard(i);
+        }
+        // SAFETY: bounds checked above.
+        let s = unsafe { self.slots.get_unchecked_mut(i as usize) };
+        if s.pinned {
+            s.pinned = false;
             self.pinned -= 1;
         }
-        if discard {
-            self.remove(i);
-        } else {
-            self.policy.unpin(&mut self.slots, i);
+        self.policy.unpin(&mut self.slots, i);
+        if self.resident > self.capacity && self.purgeable {
             self.trim();
+            self.publish();
         }
+        #[cfg(debug_assertions)]
+        self.check();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unpin_discard(&mut self, i: u32) {
+        self.remove(i);
         self.publish();
     }
 
@@ -240,12 +262,12 @@ impl Cache {
     pub fn rekey(&mut self, i: u32, new: u32) {
         let old = self.slots[i as usize].key;
         if old != new {
-            if let Some(&j) = self.map.get(&new) {
+            if let Some(j) = self.map.get(&self.slots, new) {
                 self.remove(j);
             }
-            self.map.remove(&old);
-            self.map.insert(new, i);
+            self.map.remove(&mut self.slots, i);
             self.slots[i as usize].key = new;
+            self.map.insert(&mut self.slots, i);
             self.policy.rekey(&mut self.slots, i, new);
         }
         self.publish();
@@ -254,11 +276,8 @@ impl Cache {
     /// `xTruncate`: discards every page whose key is `limit` or more,
     /// pinned or not.
     pub fn truncate(&mut self, limit: u32) {
-        let doomed: Vec<u32> = self
-            .map
-            .iter()
-            .filter(|(k, _)| **k >= limit)
-            .map(|(_, i)| *i)
+        let doomed: Vec<u32> = (0..self.slots.len() as u32)
+            .filter(|&i| self.slots[i as usize].live && self.slots[i as usize].key >= limit)
             .collect();
         for i in doomed {
             self.remove(i);
@@ -289,9 +308,8 @@ impl Cache {
         while self.purgeable && self.resident > self.capacity {
             match self.policy.victim(&mut self.slots, self.capacity) {
                 Some(v) => {
-                    self.stats.eviction();
-                    let key = self.slots[v as usize].key;
-                    self.map.remove(&key);
+                    self.evictions += 1;
+                    self.map.remove(&mut self.slots, v);
                     self.free_slot(v);
                 }
                 None => break,
@@ -307,8 +325,7 @@ impl Cache {
             s.pinned = false;
             self.pinned -= 1;
         }
-        let key = s.key;
-        self.map.remove(&key);
+        self.map.remove(&mut self.slots, i);
         self.free_slot(i);
     }
 
@@ -323,9 +340,22 @@ impl Cache {
         unsafe { std::alloc::dealloc(mem, self.layout) };
     }
 
+    fn counters(&self) -> Counters {
+        Counters {
+            hits: self.hits,
+            misses: self.misses,
+            evictions: self.evictions,
+            resident: self.resident,
+            pinned: self.pinned,
+            capacity: self.capacity,
+        }
+    }
+
+    /// Publishes the counters to readers of statistics. Slow paths publish
+    /// at once; the hit path every 1024 hits, so hits and the pinned gauge
+    /// may trail by that much.
     fn publish(&self) {
-        self.stats
-            .set_gauges(self.resident, self.pinned, self.capacity);
+        self.stats.publish(&self.counters());
         #[cfg(debug_assertions)]
         self.check();
     }
@@ -342,9 +372,20 @@ impl Cache {
             .filter(|&&i| self.slots[i as usize].pinned)
             .count();
         assert_eq!(pinned, self.pinned, "pinned count");
+        let mut entries = self.map.entries(&self.slots);
+        entries.sort_unstable_by_key(|e| e.1);
+        assert_eq!(
+            entries.iter().map(|e| e.1).collect::<Vec<_>>(),
+            live,
+            "table members"
+        );
         for &i in &live {
             let s = &self.slots[i as usize];
-            assert_eq!(self.map.get(&s.key), Some(&i), "map entry of slot {i}");
+            assert_eq!(
+                self.map.get(&self.slots, s.key),
+                Some(i),
+                "table entry of slot {i}"
+            );
             assert!(!s.mem.is_null());
             // SAFETY: a live slot's allocation starts with our header.
             assert_eq!(
@@ -370,6 +411,7 @@ impl Cache {
     pub fn keys(&self) -> Vec<(u32, bool)> {
         let mut v: Vec<(u32, bool)> = self
             .map
+            .entries(&self.slots)
             .iter()
             .map(|(k, i)| (*k, self.slots[*i as usize].pinned))
             .collect();
@@ -387,7 +429,10 @@ impl Drop for Cache {
                 s.mem = std::ptr::null_mut();
             }
         }
-        self.stats.set_gauges(0, 0, self.capacity);
+        let mut last = self.counters();
+        last.resident = 0;
+        last.pinned = 0;
+        self.stats.publish(&last);
         self.stats.retire();
     }
 }

@@ -8,6 +8,7 @@ pub const SQLITE_OK: c_int = 0;
 pub const SQLITE_ERROR: c_int = 1;
 pub const SQLITE_MISUSE: c_int = 21;
 pub const SQLITE_CONFIG_PCACHE2: c_int = 18;
+pub const SQLITE_CONFIG_GETPCACHE2: c_int = 19;
 
 /// `sqlite3_pcache`: opaque to SQLite.
 pub type Sqlite3Pcache = c_void;
@@ -46,4 +47,5 @@ unsafe extern "C" {
     /// Variadic in C; called here only with the PCACHE2 options, which take
     /// one pointer.
     pub fn sqlite3_config(op: c_int, ...) -> c_int;
+    pub fn sqlite3_initialize() -> c_int;
 }

@@ -19,9 +19,12 @@ mod cache;
 mod ffi;
 mod list;
 mod methods;
+#[cfg(feature = "sql")]
+mod pager;
 mod policy;
 mod slot;
 mod stats;
+mod table;
 #[cfg(test)]
 mod tests;
 #[cfg(feature = "sql")]
@@ -29,7 +32,9 @@ mod vtab;
 
 pub use cache::Cache;
 pub use ffi::{PcacheMethods2, PcachePage};
-pub use methods::{InstallError, install, methods};
+pub use methods::{InstallError, builtin_methods, install, measure_fetch_unpin, methods};
+#[cfg(feature = "sql")]
+pub use pager::pager_cache_counters;
 pub use policy::Policy;
 pub use stats::{StatsSnapshot, caches, totals};
 #[cfg(feature = "sql")]

@@ -1,7 +1,20 @@
 //! Intrusive doubly-linked lists threaded through the slot arena, so that
 //! moving a page between lists is O(1) and allocates nothing.
+//!
+//! Invariant (checked by `members` in debug builds after every cache
+//! operation): every index stored in a list (head, tail, prev, next) is
+//! NIL or less than the arena's length. The hot paths index without bounds
+//! checks on the strength of it.
 
 use crate::slot::{NIL, Slot};
+
+/// `slots[i]` for an index the list invariant guarantees is in bounds.
+#[inline(always)]
+fn at(slots: &mut [Slot], i: u32) -> &mut Slot {
+    debug_assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
+    // SAFETY: list indices are in bounds (module invariant).
+    unsafe { slots.get_unchecked_mut(i as usize) }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct List {
@@ -30,25 +43,30 @@ impl List {
     }
 
     /// Appends `i` (which must be in no list) at the tail.
+    #[inline]
     pub fn push_back(&mut self, slots: &mut [Slot], i: u32) {
-        let s = &mut slots[i as usize];
+        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
+        let tail = self.tail;
+        let s = at(slots, i);
         debug_assert!(!s.linked, "slot {i} already linked");
-        s.prev = self.tail;
+        s.prev = tail;
         s.next = NIL;
         s.linked = true;
-        if self.tail == NIL {
+        if tail == NIL {
             self.head = i;
         } else {
-            slots[self.tail as usize].next = i;
+            at(slots, tail).next = i;
         }
         self.tail = i;
         self.len += 1;
     }
 
     /// Removes `i`, which must be in this list.
+    #[inline]
     pub fn unlink(&mut self, slots: &mut [Slot], i: u32) {
+        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
         let (prev, next) = {
-            let s = &mut slots[i as usize];
+            let s = at(slots, i);
             debug_assert!(s.linked, "slot {i} not linked");
             s.linked = false;
             (s.prev, s.next)
@@ -56,12 +74,12 @@ impl List {
         if prev == NIL {
             self.head = next;
         } else {
-            slots[prev as usize].next = next;
+            at(slots, prev).next = next;
         }
         if next == NIL {
             self.tail = prev;
         } else {
-            slots[next as usize].prev = prev;
+            at(slots, next).prev = prev;
         }
         self.len -= 1;
     }

@@ -1,7 +1,9 @@
 //! The `sqlite3_pcache_methods2` callbacks and their installation.
 
+use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::Mutex;
+#[cfg(debug_assertions)]
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::cache::Cache;
@@ -15,11 +17,19 @@ fn current_policy() -> Policy {
     Policy::ALL[POLICY.load(Ordering::Relaxed) as usize % Policy::ALL.len()]
 }
 
-/// What SQLite's `sqlite3_pcache*` points to. SQLite serialises calls on one
-/// cache per connection, but the mutex keeps the contract's thread safety
-/// even for callers that do not.
+/// What SQLite's `sqlite3_pcache*` points to.
+///
+/// Thread safety: SQLite never calls one cache from two threads at once:
+/// every pager call runs under its connection's mutex (or, in shared-cache
+/// mode, the shared cache's mutex), which is also what lets SQLite's own
+/// pcache1 run without a per-cache lock. A cache may move between threads,
+/// so it is `Send`; it is never entered concurrently, so it needs no lock.
+/// Debug builds verify that claim on every call. Process-wide state (the
+/// installed policy, the statistics registry) is atomic or mutex-guarded.
 struct Handle {
-    cache: Mutex<Cache>,
+    cache: UnsafeCell<Cache>,
+    #[cfg(debug_assertions)]
+    busy: AtomicBool,
 }
 
 /// The methods table for `policy`.
@@ -82,24 +92,50 @@ pub fn install(policy: Policy) -> Result<(), InstallError> {
     }
 }
 
+/// SQLite's built-in page cache methods, for measuring against. Takes them
+/// before SQLite initialises, then initialises SQLite (which initialises
+/// that cache). None if SQLite was already initialised.
+pub fn builtin_methods() -> Option<PcacheMethods2> {
+    let mut m = methods(current_policy());
+    // SAFETY: SQLITE_CONFIG_GETPCACHE2 writes one methods struct through
+    // the pointer; sqlite3_initialize has no preconditions.
+    unsafe {
+        if ffi::sqlite3_config(ffi::SQLITE_CONFIG_GETPCACHE2, &mut m as *mut PcacheMethods2)
+            != ffi::SQLITE_OK
+        {
+            return None;
+        }
+        if ffi::sqlite3_initialize() != ffi::SQLITE_OK {
+            return None;
+        }
+    }
+    Some(m)
+}
+
 /// # Safety
 /// `p` must be a pointer returned by `x_create` and not yet destroyed.
+#[inline(always)]
 unsafe fn with<R>(p: *mut Sqlite3Pcache, f: impl FnOnce(&mut Cache) -> R) -> Option<R> {
     // SAFETY: guaranteed by the caller.
     let h = unsafe { &*(p as *const Handle) };
-    // A poisoned lock means a previous call panicked mid-update; the cache
-    // still checks its invariants, so carry on with its state.
-    let mut guard = match h.cache.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    };
-    // Debug builds let an invariant failure abort loudly. Release builds
-    // must never take the host program down: a panic becomes the
-    // contract's failure value (NULL page, no-op).
+    // SAFETY: SQLite serialises calls on one cache (see `Handle`), so this
+    // is the only reference to the cache for the duration of the call.
+    let cache = unsafe { &mut *h.cache.get() };
+    // A panic here is a bug in the cache. The callbacks are `extern "C"`,
+    // so it aborts the process: carrying on with a cache in an unknown
+    // state could hand SQLite the wrong page and corrupt a database, while
+    // stopping cannot. (Allocation failure is not a panic: it returns NULL
+    // as the contract allows.) Debug builds also check the serialisation
+    // claim above.
     #[cfg(debug_assertions)]
-    return Some(f(&mut guard));
-    #[cfg(not(debug_assertions))]
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut guard))).ok()
+    assert!(
+        !h.busy.swap(true, Ordering::Acquire),
+        "page cache entered concurrently"
+    );
+    let r = f(cache);
+    #[cfg(debug_assertions)]
+    h.busy.store(false, Ordering::Release);
+    Some(r)
 }
 
 unsafe extern "C" fn x_init(_arg: *mut c_void) -> c_int {
@@ -129,7 +165,9 @@ unsafe extern "C" fn x_create(
     // SAFETY: `mem` is a fresh allocation for one Handle.
     unsafe {
         mem.write(Handle {
-            cache: Mutex::new(cache),
+            cache: UnsafeCell::new(cache),
+            #[cfg(debug_assertions)]
+            busy: AtomicBool::new(false),
         })
     };
     mem.cast()
@@ -238,5 +276,49 @@ pub unsafe extern "C" fn tablix_pcache_totals(
         if !evictions.is_null() {
             *evictions = e;
         }
+    }
+}
+
+/// Nanoseconds per fetch+unpin pair of a resident page through `m`, called
+/// as the pager calls them, over `keys` pages fetched `pairs` times in a
+/// fixed pseudo-random order. None if the table lacks a method. SQLite must
+/// be initialised (or `m` be tablix's, whose init does nothing).
+pub fn measure_fetch_unpin(m: &PcacheMethods2, keys: u32, pairs: u64) -> Option<f64> {
+    let (create, size, fetch, unpin, destroy) =
+        (m.create?, m.cachesize?, m.fetch?, m.unpin?, m.destroy?);
+    let keys = keys.max(1);
+    let mut x = 3u64;
+    let order: Vec<u32> = (0..4096)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            1 + ((x >> 33) % u64::from(keys)) as u32
+        })
+        .collect();
+    // SAFETY: the methods are used as SQLite uses them: init, create, then
+    // fetch/unpin pairs on one thread, destroy.
+    unsafe {
+        let c = create(4096, 136, 1);
+        if c.is_null() {
+            return None;
+        }
+        size(c, keys as c_int * 2);
+        for k in 1..=keys {
+            let p = fetch(c, k, 2);
+            if !p.is_null() {
+                unpin(c, p, 0);
+            }
+        }
+        let t = std::time::Instant::now();
+        for i in 0..pairs {
+            let p = fetch(c, order[(i & 4095) as usize], 1);
+            if !p.is_null() {
+                unpin(c, p, 0);
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / pairs.max(1) as f64;
+        destroy(c);
+        Some(ns)
     }
 }

@@ -16,6 +16,8 @@ pub struct Slot {
     pub freq: u8,
     /// Policy-specific: which list the slot is in.
     pub queue: u8,
+    /// Next slot in the same hash chain.
+    pub hnext: u32,
     /// The page allocation (header, buffer, extra), or null when free.
     pub mem: *mut u8,
 }
@@ -31,6 +33,7 @@ impl Default for Slot {
             next: NIL,
             freq: 0,
             queue: 0,
+            hnext: NIL,
             mem: std::ptr::null_mut(),
         }
     }

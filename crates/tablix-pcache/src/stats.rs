@@ -5,6 +5,17 @@ use std::sync::{Arc, Mutex};
 
 use crate::policy::Policy;
 
+/// A cache's own counters, kept in plain fields by the cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counters {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub resident: usize,
+    pub pinned: usize,
+    pub capacity: usize,
+}
+
 /// Counters of one cache. Updated by the cache, read by anyone.
 pub struct CacheStats {
     pub id: u64,
@@ -67,23 +78,16 @@ impl CacheStats {
         s
     }
 
+    /// Publishes the owning cache's counters. Only that cache writes them,
+    /// so plain stores suffice (no read-modify-write on the hot path).
     #[inline]
-    pub(crate) fn hit(&self) {
-        self.hits.fetch_add(1, Ordering::Relaxed);
-    }
-    #[inline]
-    pub(crate) fn miss(&self) {
-        self.misses.fetch_add(1, Ordering::Relaxed);
-    }
-    #[inline]
-    pub(crate) fn eviction(&self) {
-        self.evictions.fetch_add(1, Ordering::Relaxed);
-    }
-    #[inline]
-    pub(crate) fn set_gauges(&self, resident: usize, pinned: usize, capacity: usize) {
-        self.resident.store(resident as u64, Ordering::Relaxed);
-        self.pinned.store(pinned as u64, Ordering::Relaxed);
-        self.capacity.store(capacity as u64, Ordering::Relaxed);
+    pub(crate) fn publish(&self, c: &Counters) {
+        self.hits.store(c.hits, Ordering::Relaxed);
+        self.misses.store(c.misses, Ordering::Relaxed);
+        self.evictions.store(c.evictions, Ordering::Relaxed);
+        self.resident.store(c.resident as u64, Ordering::Relaxed);
+        self.pinned.store(c.pinned as u64, Ordering::Relaxed);
+        self.capacity.store(c.capacity as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn retire(&self) {

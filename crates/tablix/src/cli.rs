@@ -96,6 +96,64 @@ pub enum BenchWhich {
     /// Single-row inserts through the HTTP API (sync mode) with several
     /// client counts, against plain rusqlite with one insert per transaction.
     Insert(InsertBenchArgs),
+    /// The page cache: a speed suite after SQLite's speedtest1 and hit
+    /// ratios under several access patterns, each policy against SQLite's
+    /// built-in cache.
+    Pcache(PcacheBenchArgs),
+    /// One configuration of `bench pcache`, in its own process (internal).
+    #[command(hide = true)]
+    PcacheWorker(PcacheWorkerArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Suite {
+    Speed,
+    Hits,
+    /// Nanoseconds per fetch+unpin of a resident page, called directly.
+    Ops,
+    All,
+}
+
+#[derive(Args, Debug)]
+pub struct PcacheBenchArgs {
+    /// Which suite to run.
+    #[arg(long, value_enum, default_value = "all")]
+    pub suite: Suite,
+    /// Scratch directory [default: ./target/bench]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Rows per table in the speed suite.
+    #[arg(long, default_value_t = 100_000)]
+    pub rows: u64,
+    /// Rounds of the speed suite; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Rows of the hit-ratio database.
+    #[arg(long, default_value_t = 150_000)]
+    pub hit_rows: u64,
+    /// Lookups per hit-ratio measurement.
+    #[arg(long, default_value_t = 100_000)]
+    pub lookups: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct PcacheWorkerArgs {
+    #[arg(long, value_parser = parse_pcache)]
+    pub pcache: PcacheChoice,
+    #[arg(long, value_enum)]
+    pub suite: Suite,
+    #[arg(long)]
+    pub dir: PathBuf,
+    #[arg(long, default_value_t = 25_000)]
+    pub rows: u64,
+    /// Hit suite: cache budget in percent of the database's pages.
+    #[arg(long, default_value_t = 5.0)]
+    pub budget: f64,
+    /// Hit suite: access pattern.
+    #[arg(long, default_value = "uniform")]
+    pub pattern: String,
+    #[arg(long, default_value_t = 100_000)]
+    pub lookups: u64,
 }
 
 #[derive(Args, Debug)]

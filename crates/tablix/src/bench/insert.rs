@@ -1,5 +1,4 @@
-//! `tablix bench`: benchmarks as programs, reporting ratios against a
-//! baseline measured in the same run on the same disk.
+//! Single-row inserts through the HTTP API against plain rusqlite.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -11,18 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rusqlite::Connection;
 
-use crate::cli::{BenchArgs, BenchWhich, InsertBenchArgs};
-
-pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    match args.which {
-        BenchWhich::Insert(a) => insert(a),
-    }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::median;
+use crate::cli::InsertBenchArgs;
 
 /// Plain rusqlite, one INSERT per transaction, synchronous=FULL, WAL (the
 /// journal mode tablix uses), on `dir`.
@@ -129,7 +118,7 @@ fn through_http(addr: &str, clients: usize, seconds: f64) -> anyhow::Result<f64>
     Ok(done.load(Ordering::Relaxed) as f64 / elapsed)
 }
 
-fn insert(a: InsertBenchArgs) -> anyhow::Result<ExitCode> {
+pub fn run(a: InsertBenchArgs) -> anyhow::Result<ExitCode> {
     if a.repeat == 0 || a.clients.is_empty() || a.clients.contains(&0) || a.seconds <= 0.0 {
         bail!("--repeat, --clients and --seconds must be positive");
     }

@@ -1,0 +1,55 @@
+//! `tablix bench`: benchmarks as programs, reporting ratios against a
+//! baseline measured in the same run on the same machine.
+
+mod hits;
+mod insert;
+mod pcache;
+mod speed;
+
+use std::process::ExitCode;
+
+use crate::cli::{BenchArgs, BenchWhich};
+
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    match args.which {
+        BenchWhich::Insert(a) => insert::run(a),
+        BenchWhich::Pcache(a) => pcache::run(a),
+        BenchWhich::PcacheWorker(a) => pcache::worker(a),
+    }
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A small deterministic generator, so every configuration sees the same
+/// sequence of keys.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in 0..n.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// Uniform in [0, 1).
+    pub(crate) fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

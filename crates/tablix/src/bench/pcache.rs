@@ -1,0 +1,225 @@
+//! `tablix bench pcache`: every page-cache policy against SQLite's built-in
+//! cache, each configuration in its own process (the page cache is chosen
+//! once per process, before SQLite initialises).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, bail};
+use serde_json::json;
+
+use super::{hits, median, speed};
+use crate::cli::{PcacheBenchArgs, PcacheChoice, PcacheWorkerArgs, Suite, parse_pcache};
+
+const CONFIGS: &[&str] = &["sqlite", "lru", "lfu-hist", "s3-fifo"];
+
+/// Runs one configuration in a child process and parses its JSON answer.
+fn spawn(args: &[String]) -> anyhow::Result<serde_json::Value> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("bench")
+        .arg("pcache-worker")
+        .args(args)
+        .output()
+        .context("starting a benchmark worker")?;
+    if !out.status.success() {
+        bail!(
+            "worker {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("worker output")
+}
+
+pub fn worker(a: PcacheWorkerArgs) -> anyhow::Result<ExitCode> {
+    a.pcache.install()?;
+    let answer = match a.suite {
+        Suite::Speed => json!({ "seconds": speed::run(&a.dir, a.rows)? }),
+        Suite::Hits => {
+            let db = a.dir.join(format!("hits-{}.db", a.rows));
+            let c = hits::run(&db, a.budget, &a.pattern, a.lookups)?;
+            json!({ "hits": c.hits, "misses": c.misses, "scan_hits": c.scan_hits, "scan_misses": c.scan_misses })
+        }
+        Suite::Ops => json!({ "ns": ops(a.pcache)? }),
+        Suite::All => bail!("a worker runs one suite"),
+    };
+    println!("{answer}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(a: PcacheBenchArgs) -> anyhow::Result<ExitCode> {
+    let dir: PathBuf = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    for c in CONFIGS {
+        parse_pcache(c).map_err(anyhow::Error::msg)?;
+    }
+    if matches!(a.suite, Suite::Speed | Suite::All) {
+        speed_suite(&dir, &a)?;
+    }
+    if matches!(a.suite, Suite::Ops | Suite::All) {
+        ops_suite(&dir, &a)?;
+    }
+    if matches!(a.suite, Suite::Hits | Suite::All) {
+        hit_suite(&dir, &a)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn speed_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
+    // times[config][workload] = seconds of each round
+    let mut times = vec![vec![Vec::new(); speed::WORKLOADS.len()]; CONFIGS.len()];
+    for round in 0..a.repeat.max(1) {
+        // Rotate the order each round so no configuration always runs first.
+        for k in 0..CONFIGS.len() {
+            let c = (k + round) % CONFIGS.len();
+            let j = spawn(&[
+                "--pcache".into(),
+                CONFIGS[c].into(),
+                "--suite".into(),
+                "speed".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+                "--rows".into(),
+                a.rows.to_string(),
+            ])?;
+            let secs = j["seconds"].as_array().context("no seconds")?;
+            for (w, s) in secs.iter().enumerate() {
+                times[c][w].push(s.as_f64().unwrap_or(f64::NAN));
+            }
+        }
+        eprintln!("speed round {}/{} done", round + 1, a.repeat);
+    }
+    println!(
+        "\nspeed suite: {} rows per table, cache holds the working set, median of {} rounds; ratio = time / time with SQLite's own cache",
+        a.rows, a.repeat
+    );
+    print!("{:<18} {:>10}", "workload", "sqlite ms");
+    for c in &CONFIGS[1..] {
+        print!(" {c:>10}");
+    }
+    println!();
+    let mut worst = vec![0.0f64; CONFIGS.len()];
+    for (w, name) in speed::WORKLOADS.iter().enumerate() {
+        let base = median(times[0][w].clone());
+        print!("{name:<18} {:>10.1}", base * 1e3);
+        for c in 1..CONFIGS.len() {
+            let r = median(times[c][w].clone()) / base;
+            worst[c] = worst[c].max(r);
+            print!(" {r:>10.3}");
+        }
+        println!();
+    }
+    print!("{:<18} {:>10}", "worst ratio", "");
+    for w in &worst[1..] {
+        print!(" {w:>10.3}");
+    }
+    println!();
+    Ok(())
+}
+
+fn hit_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
+    let db = hits::prepare(dir, a.hit_rows)?;
+    let pages = rusqlite::Connection::open(&db)?
+        .query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0))?;
+    println!(
+        "\nhit ratios: {} rowid lookups after {} warm-up, {} rows in {} pages; '+scan' adds a full table scan every {} lookups",
+        a.lookups,
+        a.lookups / 5,
+        a.hit_rows,
+        pages,
+        (a.lookups / 10).max(1)
+    );
+    println!(
+        "lookup misses relative to SQLite's own cache (lower is better), lookup hit ratio in parentheses;"
+    );
+    println!("'total' is the same ratio counting the scans' own misses too");
+    print!("{:<15} {:>6} {:>18}", "pattern", "budget", "sqlite");
+    for c in &CONFIGS[1..] {
+        print!(" {c:>18}");
+    }
+    print!(" {:>14}", "s3-fifo total");
+    println!();
+    for pattern in hits::PATTERNS {
+        for budget in hits::BUDGETS {
+            let mut cells = Vec::new();
+            for c in CONFIGS {
+                let j = spawn(&[
+                    "--pcache".into(),
+                    (*c).into(),
+                    "--suite".into(),
+                    "hits".into(),
+                    "--dir".into(),
+                    dir.display().to_string(),
+                    "--rows".into(),
+                    a.hit_rows.to_string(),
+                    "--budget".into(),
+                    budget.to_string(),
+                    "--pattern".into(),
+                    (*pattern).into(),
+                    "--lookups".into(),
+                    a.lookups.to_string(),
+                ])?;
+                let get = |k: &str| j[k].as_i64().unwrap_or(0) as f64;
+                let (h, m) = (get("hits"), get("misses"));
+                cells.push((m, h / (h + m).max(1.0), m + get("scan_misses")));
+            }
+            let base = cells[0].0.max(1.0);
+            print!(
+                "{pattern:<15} {:>5}% {:>9} ({:>5.1}%)",
+                budget,
+                cells[0].0,
+                cells[0].1 * 100.0
+            );
+            for (m, ratio, _) in &cells[1..] {
+                print!(" {:>9.3} ({:>5.1}%)", m / base, ratio * 100.0);
+            }
+            print!(" {:>14.3}", cells[3].2 / cells[0].2.max(1.0));
+            println!();
+        }
+    }
+    Ok(())
+}
+
+/// Nanoseconds per fetch+unpin pair on resident pages, calling the methods
+/// table directly as the pager does (SQLite's own through GETPCACHE2).
+fn ops(choice: PcacheChoice) -> anyhow::Result<f64> {
+    let m = match choice {
+        PcacheChoice::Sqlite => {
+            tablix_pcache::builtin_methods().context("SQLite already initialised")?
+        }
+        PcacheChoice::Tablix(p) => tablix_pcache::methods(p),
+    };
+    tablix_pcache::measure_fetch_unpin(&m, 2000, 20_000_000).context("incomplete methods table")
+}
+
+fn ops_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
+    let mut ns = vec![Vec::new(); CONFIGS.len()];
+    for round in 0..a.repeat.max(1) {
+        for k in 0..CONFIGS.len() {
+            let c = (k + round) % CONFIGS.len();
+            let j = spawn(&[
+                "--pcache".into(),
+                CONFIGS[c].into(),
+                "--suite".into(),
+                "ops".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+            ])?;
+            ns[c].push(j["ns"].as_f64().unwrap_or(f64::NAN));
+        }
+    }
+    println!(
+        "
+fetch+unpin of a resident page, called directly, median of {} rounds",
+        a.repeat
+    );
+    let base = median(ns[0].clone());
+    for (c, v) in CONFIGS.iter().zip(ns) {
+        let m = median(v);
+        println!("{c:<10} {m:>7.1} ns  {:>6.3}", m / base);
+    }
+    Ok(())
+}
