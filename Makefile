@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Arguments for `make run`, e.g. make run ARGS="--mode async".
 ARGS ?=
 
-.PHONY: deps run test lint build bench bench-insert pcache-c-test
+.PHONY: deps run test lint build bench bench-insert bench-pcache pcache-c-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -28,14 +28,17 @@ pcache-c-test:
 	$(CARGO) build --locked --release -p tablix-pcache --target-dir target/pcache-c
 	cc -O2 -Wall -Wextra -Werror -Icrates/tablix-pcache/include crates/tablix-pcache/c/install_test.c \
 		$(PCACHE_LIB) -lsqlite3 -lpthread -ldl -lm -o target/pcache-c/install_test
-	for p in lru lfu-hist s3-fifo; do ./target/pcache-c/install_test $$p || exit 1; done
+	for p in lru lfu-hist s3-fifo w-tinylfu; do ./target/pcache-c/install_test $$p || exit 1; done
 
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (not part of `make test`).
-bench: bench-insert
+bench: bench-insert bench-pcache
+
+bench-pcache: build
+	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
 
 bench-insert: build
 	./target/release/tablix bench insert $(BENCH_ARGS)

@@ -6,7 +6,7 @@ set -euo pipefail
 # Debian packages: a C compiler and headers for the bundled SQLite; the
 # system SQLite the C page-cache test links against; the tools the
 # benchmarks and tests call.
-packages=(gcc libc6-dev make pkg-config procps libsqlite3-dev)
+packages=(gcc libc6-dev make pkg-config procps libsqlite3-dev valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

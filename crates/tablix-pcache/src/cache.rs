@@ -4,14 +4,32 @@ use std::alloc::Layout;
 use std::sync::Arc;
 
 use crate::ffi::PcachePage;
-use crate::policy::{Policy, State};
+use crate::policy::Evict;
 use crate::slot::{NIL, Slot};
 use crate::stats::{CacheStats, Counters};
 use crate::table::Table;
 
+/// Most page allocations a cache keeps spare.
+const SPARE_LIMIT: usize = 32;
+
 /// Bytes before the page buffer: the `sqlite3_pcache_page` handed to SQLite
 /// and the owning slot's index.
 const HEADER: usize = 32;
+
+/// The slot that owns `page`.
+///
+/// # Safety
+/// `page` must have been returned by a cache's `fetch` and not freed.
+#[inline]
+pub unsafe fn slot_of(page: *mut PcachePage) -> u32 {
+    // SAFETY: guaranteed by the caller; the header layout is ours.
+    unsafe {
+        *(page
+            .cast::<u8>()
+            .add(std::mem::size_of::<PcachePage>())
+            .cast::<u32>())
+    }
+}
 
 /// A page cache as SQLite's `sqlite3_pcache_methods2` describes it.
 ///
@@ -22,7 +40,7 @@ const HEADER: usize = 32;
 ///    pages force it to.
 /// 4. Every live slot owns one allocation whose header names the slot.
 /// 5. The policy's structures agree with the slots (see each policy).
-pub struct Cache {
+pub struct Cache<P: Evict> {
     page_size: usize,
     extra_size: usize,
     purgeable: bool,
@@ -30,30 +48,29 @@ pub struct Cache {
     layout: Layout,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    /// Page allocations kept for reuse after a page is discarded, so that
+    /// delete-heavy work does not pay a free/malloc round trip per page.
+    /// Bounded by `SPARE_LIMIT`.
+    spare: Vec<*mut u8>,
     map: Table,
     resident: usize,
     pinned: usize,
     hits: u64,
     misses: u64,
     evictions: u64,
-    policy: State,
+    policy: P,
     stats: Arc<CacheStats>,
 }
 
 // SAFETY: the raw page pointers are owned by the cache and only touched
 // through `&mut self`; callers serialise access (a Mutex in methods.rs).
-unsafe impl Send for Cache {}
+unsafe impl<P: Evict> Send for Cache<P> {}
 
-impl Cache {
+impl<P: Evict> Cache<P> {
     /// None if the sizes cannot describe an allocation.
-    pub fn new(
-        page_size: usize,
-        extra_size: usize,
-        purgeable: bool,
-        policy: Policy,
-    ) -> Option<Cache> {
+    pub fn new(page_size: usize, extra_size: usize, purgeable: bool) -> Option<Cache<P>> {
         let layout = Layout::from_size_align(HEADER + page_size + extra_size, 16).ok()?;
-        let stats = CacheStats::register(policy, page_size, purgeable);
+        let stats = CacheStats::register(P::POLICY, page_size, purgeable);
         Some(Cache {
             page_size,
             extra_size,
@@ -62,19 +79,20 @@ impl Cache {
             layout,
             slots: Vec::new(),
             free: Vec::new(),
+            spare: Vec::new(),
             map: Table::new(),
             resident: 0,
             pinned: 0,
             hits: 0,
             misses: 0,
             evictions: 0,
-            policy: State::new(policy),
+            policy: {
+                let mut p = P::default();
+                p.set_capacity(100);
+                p
+            },
             stats,
         })
-    }
-
-    pub fn stats(&self) -> &Arc<CacheStats> {
-        &self.stats
     }
 
     pub fn page_count(&self) -> usize {
@@ -85,24 +103,14 @@ impl Cache {
         self.slots[i as usize].mem.cast()
     }
 
-    /// The slot that owns `page`.
-    ///
-    /// # Safety
-    /// `page` must have been returned by this cache's `fetch` and not freed.
-    pub unsafe fn slot_of(page: *mut PcachePage) -> u32 {
-        // SAFETY: guaranteed by the caller; the header layout is ours.
-        unsafe {
-            *(page
-                .cast::<u8>()
-                .add(std::mem::size_of::<PcachePage>())
-                .cast::<u32>())
-        }
-    }
-
-    /// Allocates a page for slot `i`; null on allocation failure.
-    fn allocate(&self, i: u32) -> *mut u8 {
-        // SAFETY: the layout has non-zero size.
-        let mem = unsafe { std::alloc::alloc(self.layout) };
+    /// Allocates a page for slot `i` (reusing a spare one when there is
+    /// one); null on allocation failure.
+    fn allocate(&mut self, i: u32) -> *mut u8 {
+        let mem = match self.spare.pop() {
+            Some(m) => m,
+            // SAFETY: the layout has non-zero size.
+            None => unsafe { std::alloc::alloc(self.layout) },
+        };
         if mem.is_null() {
             return mem;
         }
@@ -152,7 +160,7 @@ impl Cache {
             s.pinned = true;
             self.pinned += 1;
         }
-        if self.hits % 1024 == 0 {
+        if self.hits.is_multiple_of(1024) {
             self.publish();
         }
         #[cfg(debug_assertions)]
@@ -288,17 +296,22 @@ impl Cache {
     /// `xCachesize`.
     pub fn set_capacity(&mut self, pages: usize) {
         self.capacity = pages.max(1);
+        self.policy.set_capacity(self.capacity);
         self.trim();
         self.publish();
     }
 
-    /// `xShrink`: frees every unpinned page.
+    /// `xShrink`: frees every unpinned page and every spare allocation.
     pub fn shrink(&mut self) {
         let idle: Vec<u32> = (0..self.slots.len() as u32)
             .filter(|&i| self.slots[i as usize].live && !self.slots[i as usize].pinned)
             .collect();
         for i in idle {
             self.remove(i);
+        }
+        for mem in self.spare.drain(..) {
+            // SAFETY: allocated in `allocate` with `self.layout`.
+            unsafe { std::alloc::dealloc(mem, self.layout) };
         }
         self.publish();
     }
@@ -336,8 +349,12 @@ impl Cache {
         *s = Slot::default();
         self.resident -= 1;
         self.free.push(i);
-        // SAFETY: `mem` came from `allocate` with this layout.
-        unsafe { std::alloc::dealloc(mem, self.layout) };
+        if self.spare.len() < SPARE_LIMIT && self.spare.try_reserve(1).is_ok() {
+            self.spare.push(mem);
+        } else {
+            // SAFETY: `mem` came from `allocate` with this layout.
+            unsafe { std::alloc::dealloc(mem, self.layout) };
+        }
     }
 
     fn counters(&self) -> Counters {
@@ -361,6 +378,7 @@ impl Cache {
     }
 
     /// Panics unless every invariant of the cache and its policy holds.
+    #[cfg(any(debug_assertions, test))]
     pub fn check(&self) {
         let live: Vec<u32> = (0..self.slots.len() as u32)
             .filter(|&i| self.slots[i as usize].live)
@@ -388,11 +406,7 @@ impl Cache {
             );
             assert!(!s.mem.is_null());
             // SAFETY: a live slot's allocation starts with our header.
-            assert_eq!(
-                unsafe { Cache::slot_of(s.mem.cast()) },
-                i,
-                "header of slot {i}"
-            );
+            assert_eq!(unsafe { slot_of(s.mem.cast()) }, i, "header of slot {i}");
         }
         if self.purgeable && self.resident > self.capacity {
             assert!(
@@ -401,7 +415,7 @@ impl Cache {
                 self.resident,
                 self.pinned,
                 self.capacity,
-                self.stats.policy
+                P::POLICY
             );
         }
         self.policy.check(&self.slots);
@@ -420,7 +434,7 @@ impl Cache {
     }
 }
 
-impl Drop for Cache {
+impl<P: Evict> Drop for Cache<P> {
     fn drop(&mut self) {
         for s in &mut self.slots {
             if !s.mem.is_null() {
@@ -428,6 +442,10 @@ impl Drop for Cache {
                 unsafe { std::alloc::dealloc(s.mem, self.layout) };
                 s.mem = std::ptr::null_mut();
             }
+        }
+        for mem in self.spare.drain(..) {
+            // SAFETY: as above.
+            unsafe { std::alloc::dealloc(mem, self.layout) };
         }
         let mut last = self.counters();
         last.resident = 0;

@@ -30,7 +30,6 @@ mod tests;
 #[cfg(feature = "sql")]
 mod vtab;
 
-pub use cache::Cache;
 pub use ffi::{PcacheMethods2, PcachePage};
 pub use methods::{InstallError, builtin_methods, install, measure_fetch_unpin, methods};
 #[cfg(feature = "sql")]

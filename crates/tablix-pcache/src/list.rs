@@ -61,6 +61,25 @@ impl List {
         self.len += 1;
     }
 
+    /// Puts `i` (which must be in no list) at the head.
+    #[inline]
+    pub fn push_front(&mut self, slots: &mut [Slot], i: u32) {
+        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
+        let head = self.head;
+        let s = at(slots, i);
+        debug_assert!(!s.linked, "slot {i} already linked");
+        s.prev = NIL;
+        s.next = head;
+        s.linked = true;
+        if head == NIL {
+            self.tail = i;
+        } else {
+            at(slots, head).prev = i;
+        }
+        self.head = i;
+        self.len += 1;
+    }
+
     /// Removes `i`, which must be in this list.
     #[inline]
     pub fn unlink(&mut self, slots: &mut [Slot], i: u32) {
@@ -94,6 +113,7 @@ impl List {
     }
 
     /// The members from head to tail (for invariant checks).
+    #[cfg(any(debug_assertions, test))]
     pub fn members(&self, slots: &[Slot]) -> Vec<u32> {
         let mut out = Vec::with_capacity(self.len as usize);
         let mut i = self.head;

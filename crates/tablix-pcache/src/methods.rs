@@ -4,18 +4,12 @@ use std::cell::UnsafeCell;
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 #[cfg(debug_assertions)]
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU8, Ordering};
+#[cfg(debug_assertions)]
+use std::sync::atomic::Ordering;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, slot_of};
 use crate::ffi::{self, PcacheMethods2, PcachePage, Sqlite3Pcache};
-use crate::policy::Policy;
-
-/// The policy new caches get; set by [`install`].
-static POLICY: AtomicU8 = AtomicU8::new(0);
-
-fn current_policy() -> Policy {
-    Policy::ALL[POLICY.load(Ordering::Relaxed) as usize % Policy::ALL.len()]
-}
+use crate::policy::{Evict, LfuHist, Lru, Policy, S3Fifo, TinyLfu};
 
 /// What SQLite's `sqlite3_pcache*` points to.
 ///
@@ -26,32 +20,38 @@ fn current_policy() -> Policy {
 /// so it is `Send`; it is never entered concurrently, so it needs no lock.
 /// Debug builds verify that claim on every call. Process-wide state (the
 /// installed policy, the statistics registry) is atomic or mutex-guarded.
-struct Handle {
-    cache: UnsafeCell<Cache>,
+struct Handle<P: Evict> {
+    cache: UnsafeCell<Cache<P>>,
     #[cfg(debug_assertions)]
     busy: AtomicBool,
 }
 
 /// The methods table for `policy`.
 pub fn methods(policy: Policy) -> PcacheMethods2 {
-    POLICY.store(
-        Policy::ALL.iter().position(|p| *p == policy).unwrap_or(0) as u8,
-        Ordering::Relaxed,
-    );
+    match policy {
+        Policy::Lru => table::<Lru>(),
+        Policy::LfuHist => table::<LfuHist>(),
+        Policy::S3Fifo => table::<S3Fifo>(),
+        Policy::TinyLfu => table::<TinyLfu>(),
+    }
+}
+
+/// One table per policy: every callback is compiled for its policy.
+fn table<P: Evict>() -> PcacheMethods2 {
     PcacheMethods2 {
         version: 1,
         arg: std::ptr::null_mut(),
         init: Some(x_init),
         shutdown: Some(x_shutdown),
-        create: Some(x_create),
-        cachesize: Some(x_cachesize),
-        pagecount: Some(x_pagecount),
-        fetch: Some(x_fetch),
-        unpin: Some(x_unpin),
-        rekey: Some(x_rekey),
-        truncate: Some(x_truncate),
-        destroy: Some(x_destroy),
-        shrink: Some(x_shrink),
+        create: Some(x_create::<P>),
+        cachesize: Some(x_cachesize::<P>),
+        pagecount: Some(x_pagecount::<P>),
+        fetch: Some(x_fetch::<P>),
+        unpin: Some(x_unpin::<P>),
+        rekey: Some(x_rekey::<P>),
+        truncate: Some(x_truncate::<P>),
+        destroy: Some(x_destroy::<P>),
+        shrink: Some(x_shrink::<P>),
     }
 }
 
@@ -96,7 +96,7 @@ pub fn install(policy: Policy) -> Result<(), InstallError> {
 /// before SQLite initialises, then initialises SQLite (which initialises
 /// that cache). None if SQLite was already initialised.
 pub fn builtin_methods() -> Option<PcacheMethods2> {
-    let mut m = methods(current_policy());
+    let mut m = methods(Policy::Lru);
     // SAFETY: SQLITE_CONFIG_GETPCACHE2 writes one methods struct through
     // the pointer; sqlite3_initialize has no preconditions.
     unsafe {
@@ -115,9 +115,12 @@ pub fn builtin_methods() -> Option<PcacheMethods2> {
 /// # Safety
 /// `p` must be a pointer returned by `x_create` and not yet destroyed.
 #[inline(always)]
-unsafe fn with<R>(p: *mut Sqlite3Pcache, f: impl FnOnce(&mut Cache) -> R) -> Option<R> {
+unsafe fn with<P: Evict, R>(
+    p: *mut Sqlite3Pcache,
+    f: impl FnOnce(&mut Cache<P>) -> R,
+) -> Option<R> {
     // SAFETY: guaranteed by the caller.
-    let h = unsafe { &*(p as *const Handle) };
+    let h = unsafe { &*(p as *const Handle<P>) };
     // SAFETY: SQLite serialises calls on one cache (see `Handle`), so this
     // is the only reference to the cache for the duration of the call.
     let cache = unsafe { &mut *h.cache.get() };
@@ -144,7 +147,7 @@ unsafe extern "C" fn x_init(_arg: *mut c_void) -> c_int {
 
 unsafe extern "C" fn x_shutdown(_arg: *mut c_void) {}
 
-unsafe extern "C" fn x_create(
+unsafe extern "C" fn x_create<P: Evict>(
     sz_page: c_int,
     sz_extra: c_int,
     purgeable: c_int,
@@ -152,13 +155,13 @@ unsafe extern "C" fn x_create(
     let (Ok(page), Ok(extra)) = (usize::try_from(sz_page), usize::try_from(sz_extra)) else {
         return std::ptr::null_mut();
     };
-    let Some(cache) = Cache::new(page, extra, purgeable != 0, current_policy()) else {
+    let Some(cache) = Cache::<P>::new(page, extra, purgeable != 0) else {
         return std::ptr::null_mut();
     };
-    let layout = std::alloc::Layout::new::<Handle>();
+    let layout = std::alloc::Layout::new::<Handle<P>>();
     // SAFETY: Handle has non-zero size; a null result is the contract's
     // allocation failure.
-    let mem = unsafe { std::alloc::alloc(layout) }.cast::<Handle>();
+    let mem = unsafe { std::alloc::alloc(layout) }.cast::<Handle<P>>();
     if mem.is_null() {
         return std::ptr::null_mut();
     }
@@ -173,56 +176,64 @@ unsafe extern "C" fn x_create(
     mem.cast()
 }
 
-unsafe extern "C" fn x_cachesize(p: *mut Sqlite3Pcache, n: c_int) {
+unsafe extern "C" fn x_cachesize<P: Evict>(p: *mut Sqlite3Pcache, n: c_int) {
     // SAFETY: SQLite passes a cache from x_create.
-    unsafe { with(p, |c| c.set_capacity(n.max(0) as usize)) };
+    unsafe { with::<P, _>(p, |c| c.set_capacity(n.max(0) as usize)) };
 }
 
-unsafe extern "C" fn x_pagecount(p: *mut Sqlite3Pcache) -> c_int {
+unsafe extern "C" fn x_pagecount<P: Evict>(p: *mut Sqlite3Pcache) -> c_int {
     // SAFETY: as above.
-    unsafe { with(p, |c| c.page_count() as c_int) }.unwrap_or(0)
+    unsafe { with::<P, _>(p, |c| c.page_count() as c_int) }.unwrap_or(0)
 }
 
-unsafe extern "C" fn x_fetch(p: *mut Sqlite3Pcache, key: c_uint, create: c_int) -> *mut PcachePage {
+unsafe extern "C" fn x_fetch<P: Evict>(
+    p: *mut Sqlite3Pcache,
+    key: c_uint,
+    create: c_int,
+) -> *mut PcachePage {
     // SAFETY: as above.
-    unsafe { with(p, |c| c.fetch(key, create)) }.unwrap_or(std::ptr::null_mut())
+    unsafe { with::<P, _>(p, |c| c.fetch(key, create)) }.unwrap_or(std::ptr::null_mut())
 }
 
-unsafe extern "C" fn x_unpin(p: *mut Sqlite3Pcache, page: *mut PcachePage, discard: c_int) {
+unsafe extern "C" fn x_unpin<P: Evict>(
+    p: *mut Sqlite3Pcache,
+    page: *mut PcachePage,
+    discard: c_int,
+) {
     // SAFETY: SQLite passes a page this cache returned.
-    unsafe { with(p, |c| c.unpin(Cache::slot_of(page), discard != 0)) };
+    unsafe { with::<P, _>(p, |c| c.unpin(slot_of(page), discard != 0)) };
 }
 
-unsafe extern "C" fn x_rekey(
+unsafe extern "C" fn x_rekey<P: Evict>(
     p: *mut Sqlite3Pcache,
     page: *mut PcachePage,
     _old: c_uint,
     new: c_uint,
 ) {
     // SAFETY: as above.
-    unsafe { with(p, |c| c.rekey(Cache::slot_of(page), new)) };
+    unsafe { with::<P, _>(p, |c| c.rekey(slot_of(page), new)) };
 }
 
-unsafe extern "C" fn x_truncate(p: *mut Sqlite3Pcache, limit: c_uint) {
+unsafe extern "C" fn x_truncate<P: Evict>(p: *mut Sqlite3Pcache, limit: c_uint) {
     // SAFETY: as above.
-    unsafe { with(p, |c| c.truncate(limit)) };
+    unsafe { with::<P, _>(p, |c| c.truncate(limit)) };
 }
 
-unsafe extern "C" fn x_shrink(p: *mut Sqlite3Pcache) {
+unsafe extern "C" fn x_shrink<P: Evict>(p: *mut Sqlite3Pcache) {
     // SAFETY: as above.
-    unsafe { with(p, |c| c.shrink()) };
+    unsafe { with::<P, _>(p, |c| c.shrink()) };
 }
 
-unsafe extern "C" fn x_destroy(p: *mut Sqlite3Pcache) {
+unsafe extern "C" fn x_destroy<P: Evict>(p: *mut Sqlite3Pcache) {
     if p.is_null() {
         return;
     }
-    let h = p.cast::<Handle>();
+    let h = p.cast::<Handle<P>>();
     // SAFETY: created by x_create with this layout; SQLite calls destroy
     // once, after every other call on it.
     unsafe {
         std::ptr::drop_in_place(h);
-        std::alloc::dealloc(h.cast(), std::alloc::Layout::new::<Handle>());
+        std::alloc::dealloc(h.cast(), std::alloc::Layout::new::<Handle<P>>());
     }
 }
 
@@ -251,7 +262,7 @@ pub unsafe extern "C" fn tablix_pcache_install(policy: *const c_char) -> c_int {
 /// C entry point: the valid policy names, comma-separated.
 #[unsafe(no_mangle)]
 pub extern "C" fn tablix_pcache_policies() -> *const c_char {
-    c"lru, lfu-hist, s3-fifo".as_ptr()
+    c"lru, lfu-hist, s3-fifo, w-tinylfu".as_ptr()
 }
 
 /// C entry point: hits, misses and evictions of every tablix cache so far.

@@ -30,6 +30,7 @@ impl Table {
         }
     }
 
+    #[cfg(any(debug_assertions, test))]
     pub fn len(&self) -> usize {
         self.len
     }
@@ -110,7 +111,8 @@ impl Table {
         debug_assert!(false, "slot {i} not in its chain");
     }
 
-    /// Every (key, slot) in the table (for checks and truncation).
+    /// Every (key, slot) in the table (for checks).
+    #[cfg(any(debug_assertions, test))]
     pub fn entries(&self, slots: &[Slot]) -> Vec<(u32, u32)> {
         let mut out = Vec::with_capacity(self.len);
         for (b, &h) in self.heads.iter().enumerate() {

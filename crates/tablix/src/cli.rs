@@ -52,7 +52,7 @@ pub struct UpArgs {
     /// Read-only connections serving queries.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub readers: u64,
-    /// Page-cache policy: lru, lfu-hist, s3-fifo, or sqlite for SQLite's own cache.
+    /// Page-cache policy: lru, lfu-hist, s3-fifo, w-tinylfu, or sqlite for SQLite's own cache.
     #[arg(long, value_name = "POLICY", default_value = tablix_pcache::DEFAULT_POLICY.name(), value_parser = parse_pcache)]
     pub pcache: PcacheChoice,
     /// Where to mount the tablix file system.
@@ -128,6 +128,14 @@ pub struct PcacheBenchArgs {
     /// Rounds of the speed suite; medians are reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
+    /// Also count each speed workload's instructions under callgrind (one
+    /// run per configuration, `--instruction-rows` rows): deterministic
+    /// figures that machine noise cannot move.
+    #[arg(long)]
+    pub instructions: bool,
+    /// Rows per table for the instruction counts.
+    #[arg(long, default_value_t = 25_000)]
+    pub instruction_rows: u64,
     /// Rows of the hit-ratio database.
     #[arg(long, default_value_t = 150_000)]
     pub hit_rows: u64,

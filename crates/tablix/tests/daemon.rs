@@ -416,7 +416,7 @@ fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
     let err = text(&o).1;
     assert!(
         err.contains("unknown page-cache policy \"arc\"")
-            && err.contains("lru, lfu-hist, s3-fifo, sqlite"),
+            && err.contains("lru, lfu-hist, s3-fifo, w-tinylfu, sqlite"),
         "{err}"
     );
     for policy in ["lru", "lfu-hist", "s3-fifo"] {

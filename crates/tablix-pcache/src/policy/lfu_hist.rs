@@ -12,6 +12,8 @@
 //! was `b` when they were unpinned (`queue == b`); bit `b` of `nonempty` is
 //! set iff bucket `b` is non-empty.
 
+use super::{Evict, Policy};
+#[cfg(any(debug_assertions, test))]
 use super::{sorted, unpinned};
 use crate::list::List;
 use crate::slot::Slot;
@@ -34,6 +36,7 @@ impl Default for LfuHist {
 }
 
 impl LfuHist {
+    #[inline]
     fn unlink(&mut self, slots: &mut [Slot], i: u32) {
         let b = slots[i as usize].queue as usize;
         self.buckets[b].unlink(slots, i);
@@ -41,12 +44,18 @@ impl LfuHist {
             self.nonempty &= !(1 << b);
         }
     }
+}
 
-    pub fn admit(&mut self, slots: &mut [Slot], i: u32) {
+impl Evict for LfuHist {
+    const POLICY: Policy = Policy::LfuHist;
+
+    #[inline]
+    fn admit(&mut self, slots: &mut [Slot], i: u32) {
         slots[i as usize].freq = 0;
     }
 
-    pub fn touch(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn touch(&mut self, slots: &mut [Slot], i: u32) {
         if slots[i as usize].linked {
             self.unlink(slots, i);
         }
@@ -54,20 +63,23 @@ impl LfuHist {
         s.freq = if s.freq >= MAX_HIST { 0 } else { s.freq + 1 };
     }
 
-    pub fn unpin(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn unpin(&mut self, slots: &mut [Slot], i: u32) {
         let b = slots[i as usize].freq;
         slots[i as usize].queue = b;
         self.buckets[b as usize].push_back(slots, i);
         self.nonempty |= 1 << b;
     }
 
-    pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn remove(&mut self, slots: &mut [Slot], i: u32) {
         if slots[i as usize].linked {
             self.unlink(slots, i);
         }
     }
 
-    pub fn victim(&mut self, slots: &mut [Slot], _capacity: usize) -> Option<u32> {
+    #[inline]
+    fn victim(&mut self, slots: &mut [Slot], _capacity: usize) -> Option<u32> {
         if self.nonempty == 0 {
             return None;
         }
@@ -79,7 +91,8 @@ impl LfuHist {
         v
     }
 
-    pub fn check(&self, slots: &[Slot]) {
+    #[cfg(any(debug_assertions, test))]
+    fn check(&self, slots: &[Slot]) {
         let mut all = Vec::new();
         for (b, list) in self.buckets.iter().enumerate() {
             let members = list.members(slots);

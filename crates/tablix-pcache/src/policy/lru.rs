@@ -3,6 +3,8 @@
 //!
 //! Invariant: the list holds exactly the live, unpinned pages.
 
+use super::{Evict, Policy};
+#[cfg(any(debug_assertions, test))]
 use super::{sorted, unpinned};
 use crate::list::List;
 use crate::slot::Slot;
@@ -12,30 +14,38 @@ pub struct Lru {
     list: List,
 }
 
-impl Lru {
-    pub fn admit(&mut self, _slots: &mut [Slot], _i: u32) {}
+impl Evict for Lru {
+    const POLICY: Policy = Policy::Lru;
 
-    pub fn touch(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn admit(&mut self, _slots: &mut [Slot], _i: u32) {}
+
+    #[inline]
+    fn touch(&mut self, slots: &mut [Slot], i: u32) {
         if slots[i as usize].linked {
             self.list.unlink(slots, i);
         }
     }
 
-    pub fn unpin(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn unpin(&mut self, slots: &mut [Slot], i: u32) {
         self.list.push_back(slots, i);
     }
 
-    pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn remove(&mut self, slots: &mut [Slot], i: u32) {
         if slots[i as usize].linked {
             self.list.unlink(slots, i);
         }
     }
 
-    pub fn victim(&mut self, slots: &mut [Slot], _capacity: usize) -> Option<u32> {
+    #[inline]
+    fn victim(&mut self, slots: &mut [Slot], _capacity: usize) -> Option<u32> {
         self.list.pop_front(slots)
     }
 
-    pub fn check(&self, slots: &[Slot]) {
+    #[cfg(any(debug_assertions, test))]
+    fn check(&self, slots: &[Slot]) {
         assert_eq!(sorted(self.list.members(slots)), unpinned(slots));
     }
 }

@@ -4,12 +4,14 @@
 mod lfu_hist;
 mod lru;
 mod s3fifo;
+mod tinylfu;
 
 use crate::slot::Slot;
 
 pub use lfu_hist::LfuHist;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
+pub use tinylfu::TinyLfu;
 
 /// The policies a cache can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -21,16 +23,25 @@ pub enum Policy {
     /// S3-FIFO: a small probationary FIFO, a main FIFO with reinsertion and
     /// a ghost queue; scan-resistant.
     S3Fifo,
+    /// W-TinyLFU: an LRU window, a segmented LRU main area and admission by
+    /// a frequency sketch; scan-resistant and frequency-aware.
+    TinyLfu,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::Lru, Policy::LfuHist, Policy::S3Fifo];
+    pub const ALL: [Policy; 4] = [
+        Policy::Lru,
+        Policy::LfuHist,
+        Policy::S3Fifo,
+        Policy::TinyLfu,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Policy::Lru => "lru",
             Policy::LfuHist => "lfu-hist",
             Policy::S3Fifo => "s3-fifo",
+            Policy::TinyLfu => "w-tinylfu",
         }
     }
 
@@ -61,84 +72,47 @@ impl std::str::FromStr for Policy {
     }
 }
 
-/// A running policy.
-pub enum State {
-    Lru(Lru),
-    LfuHist(LfuHist),
-    S3Fifo(S3Fifo),
-}
-
-macro_rules! dispatch {
-    ($self:ident, $p:ident => $e:expr) => {
-        match $self {
-            State::Lru($p) => $e,
-            State::LfuHist($p) => $e,
-            State::S3Fifo($p) => $e,
-        }
-    };
-}
-
-impl State {
-    pub fn new(policy: Policy) -> State {
-        match policy {
-            Policy::Lru => State::Lru(Lru::default()),
-            Policy::LfuHist => State::LfuHist(LfuHist::default()),
-            Policy::S3Fifo => State::S3Fifo(S3Fifo::default()),
-        }
-    }
+/// An eviction policy. Each cache is monomorphised over its policy, so the
+/// hot path has no dispatch and inlines the policy's few instructions.
+pub trait Evict: Default + Send + 'static {
+    const POLICY: Policy;
 
     /// A new page entered the cache, pinned.
-    #[inline]
-    pub fn admit(&mut self, slots: &mut [Slot], i: u32) {
-        dispatch!(self, p => p.admit(slots, i))
-    }
+    fn admit(&mut self, slots: &mut [Slot], i: u32);
 
     /// A resident page was fetched (it is pinned after this).
-    #[inline]
-    pub fn touch(&mut self, slots: &mut [Slot], i: u32) {
-        dispatch!(self, p => p.touch(slots, i))
-    }
+    fn touch(&mut self, slots: &mut [Slot], i: u32);
 
     /// A page's last pin was released.
-    #[inline]
-    pub fn unpin(&mut self, slots: &mut [Slot], i: u32) {
-        dispatch!(self, p => p.unpin(slots, i))
-    }
+    fn unpin(&mut self, slots: &mut [Slot], i: u32);
 
     /// A page leaves the cache (discarded, truncated or rekeyed over).
-    #[inline]
-    pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
-        dispatch!(self, p => p.remove(slots, i))
-    }
+    fn remove(&mut self, slots: &mut [Slot], i: u32);
+
+    /// The cache's page budget changed (also called once at creation).
+    fn set_capacity(&mut self, _capacity: usize) {}
 
     /// Page `i` now answers to `new_key`.
-    #[inline]
-    pub fn rekey(&mut self, slots: &mut [Slot], i: u32, new_key: u32) {
-        if let State::S3Fifo(p) = self {
-            p.rekey(slots, i, new_key);
-        }
-    }
+    fn rekey(&mut self, _slots: &mut [Slot], _i: u32, _new_key: u32) {}
 
     /// Picks an unpinned page to evict and forgets it, or None when every
     /// page is pinned. `capacity` is the cache's page budget.
-    #[inline]
-    pub fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
-        dispatch!(self, p => p.victim(slots, capacity))
-    }
+    fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32>;
 
     /// Panics unless the policy's structures agree with the slots.
-    pub fn check(&self, slots: &[Slot]) {
-        dispatch!(self, p => p.check(slots))
-    }
+    #[cfg(any(debug_assertions, test))]
+    fn check(&self, slots: &[Slot]);
 }
 
 /// Live slots that are not pinned, in index order (for invariant checks).
+#[cfg(any(debug_assertions, test))]
 pub(crate) fn unpinned(slots: &[Slot]) -> Vec<u32> {
     (0..slots.len() as u32)
         .filter(|&i| slots[i as usize].live && !slots[i as usize].pinned)
         .collect()
 }
 
+#[cfg(any(debug_assertions, test))]
 pub(crate) fn sorted(mut v: Vec<u32>) -> Vec<u32> {
     v.sort_unstable();
     v

@@ -10,17 +10,24 @@
 //!
 //! Invariants: every live page is in exactly one of `small` (queue 1) and
 //! `main` (queue 2), pinned or not; `freq <= 3`; the ghost holds at most
-//! `capacity` keys, none of them resident.
+//! `capacity / 4` keys, none of them resident.
 
 use std::collections::{HashMap, VecDeque};
 
+#[cfg(any(debug_assertions, test))]
 use super::sorted;
+use super::{Evict, Policy};
 use crate::list::List;
 use crate::slot::Slot;
 
 const SMALL: u8 = 1;
 const MAIN: u8 = 2;
 const MAX_FREQ: u8 = 3;
+/// The ghost remembers a quarter of the budget's worth of keys. The paper
+/// sizes it like main; measured on SQLite page traces (`tablix bench
+/// pcache`), a quarter admits fewer lukewarm pages into main and misses
+/// 2-3% less on skewed access, the same on uniform.
+const GHOST_SHARE: usize = 4;
 
 #[derive(Default)]
 pub struct S3Fifo {
@@ -64,6 +71,7 @@ impl Ghost {
 }
 
 impl S3Fifo {
+    #[inline]
     fn list(&mut self, q: u8) -> &mut List {
         if q == SMALL {
             &mut self.small
@@ -71,8 +79,13 @@ impl S3Fifo {
             &mut self.main
         }
     }
+}
 
-    pub fn admit(&mut self, slots: &mut [Slot], i: u32) {
+impl Evict for S3Fifo {
+    const POLICY: Policy = Policy::S3Fifo;
+
+    #[inline]
+    fn admit(&mut self, slots: &mut [Slot], i: u32) {
         let key = slots[i as usize].key;
         slots[i as usize].freq = 0;
         let q = if self.ghost.take(key) { MAIN } else { SMALL };
@@ -80,23 +93,29 @@ impl S3Fifo {
         self.list(q).push_back(slots, i);
     }
 
-    pub fn touch(&mut self, slots: &mut [Slot], i: u32) {
+    fn touch(&mut self, slots: &mut [Slot], i: u32) {
         let s = &mut slots[i as usize];
-        s.freq = (s.freq + 1).min(MAX_FREQ);
+        if s.freq < MAX_FREQ {
+            s.freq += 1;
+        }
     }
 
-    pub fn unpin(&mut self, _slots: &mut [Slot], _i: u32) {}
+    #[inline]
+    fn unpin(&mut self, _slots: &mut [Slot], _i: u32) {}
 
-    pub fn rekey(&mut self, _slots: &mut [Slot], _i: u32, new_key: u32) {
+    #[inline]
+    fn rekey(&mut self, _slots: &mut [Slot], _i: u32, new_key: u32) {
         self.ghost.take(new_key);
     }
 
-    pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
+    #[inline]
+    fn remove(&mut self, slots: &mut [Slot], i: u32) {
         let q = slots[i as usize].queue;
         self.list(q).unlink(slots, i);
     }
 
-    pub fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
+    #[inline]
+    fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
         let small_target = (capacity / 10).max(1) as u32;
         // Pinned pages passed over in each FIFO since it last made progress.
         // A FIFO whose count reaches its length holds only pinned pages.
@@ -124,7 +143,7 @@ impl S3Fifo {
                     self.main.push_back(slots, t);
                     main_pinned = 0;
                 } else {
-                    self.ghost.insert(s.key, capacity.max(1));
+                    self.ghost.insert(s.key, (capacity / GHOST_SHARE).max(1));
                     return Some(t);
                 }
             } else {
@@ -145,7 +164,8 @@ impl S3Fifo {
         None
     }
 
-    pub fn check(&self, slots: &[Slot]) {
+    #[cfg(any(debug_assertions, test))]
+    fn check(&self, slots: &[Slot]) {
         let small = self.small.members(slots);
         let main = self.main.members(slots);
         for &i in &small {

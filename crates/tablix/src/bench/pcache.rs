@@ -11,7 +11,7 @@ use serde_json::json;
 use super::{hits, median, speed};
 use crate::cli::{PcacheBenchArgs, PcacheChoice, PcacheWorkerArgs, Suite, parse_pcache};
 
-const CONFIGS: &[&str] = &["sqlite", "lru", "lfu-hist", "s3-fifo"];
+const CONFIGS: &[&str] = &["sqlite", "lru", "lfu-hist", "s3-fifo", "w-tinylfu"];
 
 /// Runs one configuration in a child process and parses its JSON answer.
 fn spawn(args: &[String]) -> anyhow::Result<serde_json::Value> {
@@ -113,6 +113,87 @@ fn speed_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
         println!();
     }
     print!("{:<18} {:>10}", "worst ratio", "");
+    for w in &worst[1..] {
+        print!(" {w:>10.3}");
+    }
+    println!();
+    if a.instructions {
+        instruction_counts(dir, a)?;
+    }
+    Ok(())
+}
+
+/// Runs each configuration's speed suite once under callgrind and reports
+/// every workload's inclusive instruction count against SQLite's cache.
+fn instruction_counts(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let symbols = speed::symbols();
+    let mut counts: Vec<Vec<f64>> = Vec::new();
+    for c in CONFIGS {
+        let out = dir.join(format!("callgrind.{c}.out"));
+        let st = Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(&exe)
+            .args([
+                "bench",
+                "pcache-worker",
+                "--pcache",
+                c,
+                "--suite",
+                "speed",
+                "--dir",
+            ])
+            .arg(dir)
+            .args(["--rows", &a.instruction_rows.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .context("running valgrind (install it: apt-get install valgrind)")?;
+        if !st.success() {
+            bail!("callgrind run for {c} failed");
+        }
+        let ann = Command::new("callgrind_annotate")
+            .args(["--inclusive=yes", "--threshold=100"])
+            .arg(&out)
+            .output()
+            .context("running callgrind_annotate")?;
+        let text = String::from_utf8_lossy(&ann.stdout);
+        let mut row = Vec::new();
+        for sym in &symbols {
+            let n = text
+                .lines()
+                .find(|l| l.contains(&format!(":{sym} ")) || l.ends_with(&format!(":{sym}")))
+                .and_then(|l| l.split_whitespace().next())
+                .map(|n| n.replace(',', ""))
+                .and_then(|n| n.parse::<f64>().ok())
+                .with_context(|| format!("no count for {sym} in the {c} profile"))?;
+            row.push(n);
+        }
+        counts.push(row);
+        eprintln!("callgrind {c} done");
+    }
+    println!(
+        "\ninstructions per workload under callgrind ({} rows, one run each); ratio = instructions / instructions with SQLite's own cache",
+        a.instruction_rows
+    );
+    print!("{:<18} {:>12}", "workload", "sqlite Minstr");
+    for c in &CONFIGS[1..] {
+        print!(" {c:>10}");
+    }
+    println!();
+    let mut worst = vec![0.0f64; CONFIGS.len()];
+    for (w, name) in speed::WORKLOADS.iter().enumerate() {
+        let base = counts[0][w];
+        print!("{name:<18} {:>12.1}", base / 1e6);
+        for c in 1..CONFIGS.len() {
+            let r = counts[c][w] / base;
+            worst[c] = worst[c].max(r);
+            print!(" {r:>10.3}");
+        }
+        println!();
+    }
+    print!("{:<18} {:>12}", "worst ratio", "");
     for w in &worst[1..] {
         print!(" {w:>10.3}");
     }

@@ -78,6 +78,137 @@ pub fn number_name(mut n: u64) -> String {
     out.join(" ")
 }
 
+type Workload = fn(&Connection, &mut Rng, u64) -> rusqlite::Result<()>;
+
+/// The workloads, in order. Each is its own non-inlined function so that a
+/// profiler (callgrind, with --inclusive) can count each one's instructions.
+const FUNCTIONS: [Workload; 11] = [
+    insert_unindexed,
+    insert_indexed,
+    range_scan,
+    like_scan,
+    indexed_lookup,
+    rowid_lookup,
+    indexed_update,
+    unindexed_update,
+    range_delete,
+    random_delete,
+    vacuum,
+];
+
+#[inline(never)]
+fn insert_unindexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("INSERT INTO t1 VALUES (?1, ?2, ?3)")?;
+    for i in 0..n {
+        let r = rng.below(n * 10);
+        st.execute(params![r as i64, i as i64, number_name(r)])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn insert_indexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("INSERT INTO t2 VALUES (?1, ?2, ?3)")?;
+    for i in 0..n {
+        let r = rng.below(n * 10);
+        st.execute(params![r as i64, i as i64, number_name(r)])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn range_scan(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let mut st = conn.prepare("SELECT count(*), avg(b) FROM t1 WHERE b BETWEEN ?1 AND ?2")?;
+    for _ in 0..50 {
+        let lo = rng.below(n) as i64;
+        st.query_row(params![lo, lo + (n / 100) as i64], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+#[inline(never)]
+fn like_scan(conn: &Connection, _rng: &mut Rng, _n: u64) -> rusqlite::Result<()> {
+    let mut st = conn.prepare("SELECT count(*) FROM t1 WHERE c LIKE ?1")?;
+    for i in 0..20 {
+        st.query_row(params![format!("%{}%", ONES[1 + i % 19])], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+#[inline(never)]
+fn indexed_lookup(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let mut st = conn.prepare("SELECT b, c FROM t2 WHERE a = ?1")?;
+    for _ in 0..n / 2 {
+        let mut rows = st.query(params![rng.below(n * 10) as i64])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(())
+}
+
+#[inline(never)]
+fn rowid_lookup(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let mut st = conn.prepare("SELECT a, c FROM t1 WHERE rowid = ?1")?;
+    for _ in 0..n {
+        let mut rows = st.query(params![1 + rng.below(n) as i64])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(())
+}
+
+#[inline(never)]
+fn indexed_update(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("UPDATE t2 SET b = b + 1 WHERE a = ?1")?;
+    for _ in 0..n / 4 {
+        st.execute(params![rng.below(n * 10) as i64])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn unindexed_update(conn: &Connection, _rng: &mut Rng, _n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("UPDATE t1 SET b = b * 2 WHERE a % 100 = ?1")?;
+    for i in 0..10 {
+        st.execute(params![i])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn range_delete(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("DELETE FROM t2 WHERE a BETWEEN ?1 AND ?2")?;
+    for _ in 0..20 {
+        let lo = rng.below(n * 10) as i64;
+        st.execute(params![lo, lo + (n / 10) as i64])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn random_delete(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    let tx = conn.unchecked_transaction()?;
+    let mut st = tx.prepare("DELETE FROM t1 WHERE rowid = ?1")?;
+    for _ in 0..n / 2 {
+        st.execute(params![1 + rng.below(n) as i64])?;
+    }
+    drop(st);
+    tx.commit()
+}
+
+#[inline(never)]
+fn vacuum(conn: &Connection, _rng: &mut Rng, _n: u64) -> rusqlite::Result<()> {
+    conn.execute_batch("VACUUM")
+}
+
 /// Runs every workload on a fresh database in `dir`; returns seconds each.
 pub fn run(dir: &Path, rows: u64) -> rusqlite::Result<Vec<f64>> {
     let path = dir.join(format!("speed-{}.db", std::process::id()));
@@ -95,102 +226,12 @@ pub fn run(dir: &Path, rows: u64) -> rusqlite::Result<Vec<f64>> {
     )?;
     let mut rng = Rng::new(0x5EED);
     let n = rows.max(100);
-    let mut times = Vec::with_capacity(WORKLOADS.len());
-    let mut timed = |f: &mut dyn FnMut() -> rusqlite::Result<()>| -> rusqlite::Result<()> {
+    let mut times = Vec::with_capacity(FUNCTIONS.len());
+    for f in FUNCTIONS {
         let t = Instant::now();
-        f()?;
+        f(&conn, &mut rng, n)?;
         times.push(t.elapsed().as_secs_f64());
-        Ok(())
-    };
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("INSERT INTO t1 VALUES (?1, ?2, ?3)")?;
-        for i in 0..n {
-            let r = rng.below(n * 10);
-            st.execute(params![r as i64, i as i64, number_name(r)])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("INSERT INTO t2 VALUES (?1, ?2, ?3)")?;
-        for i in 0..n {
-            let r = rng.below(n * 10);
-            st.execute(params![r as i64, i as i64, number_name(r)])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || {
-        let mut st = conn.prepare("SELECT count(*), avg(b) FROM t1 WHERE b BETWEEN ?1 AND ?2")?;
-        for _ in 0..50 {
-            let lo = rng.below(n) as i64;
-            st.query_row(params![lo, lo + (n / 100) as i64], |_| Ok(()))?;
-        }
-        Ok(())
-    })?;
-    timed(&mut || {
-        let mut st = conn.prepare("SELECT count(*) FROM t1 WHERE c LIKE ?1")?;
-        for i in 0..20 {
-            st.query_row(params![format!("%{}%", ONES[1 + i % 19])], |_| Ok(()))?;
-        }
-        Ok(())
-    })?;
-    timed(&mut || {
-        let mut st = conn.prepare("SELECT b, c FROM t2 WHERE a = ?1")?;
-        for _ in 0..n / 2 {
-            let mut rows = st.query(params![rng.below(n * 10) as i64])?;
-            while rows.next()?.is_some() {}
-        }
-        Ok(())
-    })?;
-    timed(&mut || {
-        let mut st = conn.prepare("SELECT a, c FROM t1 WHERE rowid = ?1")?;
-        for _ in 0..n {
-            let mut rows = st.query(params![1 + rng.below(n) as i64])?;
-            while rows.next()?.is_some() {}
-        }
-        Ok(())
-    })?;
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("UPDATE t2 SET b = b + 1 WHERE a = ?1")?;
-        for _ in 0..n / 4 {
-            st.execute(params![rng.below(n * 10) as i64])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("UPDATE t1 SET b = b * 2 WHERE a % 100 = ?1")?;
-        for i in 0..10 {
-            st.execute(params![i])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("DELETE FROM t2 WHERE a BETWEEN ?1 AND ?2")?;
-        for _ in 0..20 {
-            let lo = rng.below(n * 10) as i64;
-            st.execute(params![lo, lo + (n / 10) as i64])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || {
-        let tx = conn.unchecked_transaction()?;
-        let mut st = tx.prepare("DELETE FROM t1 WHERE rowid = ?1")?;
-        for _ in 0..n / 2 {
-            st.execute(params![1 + rng.below(n) as i64])?;
-        }
-        drop(st);
-        tx.commit()
-    })?;
-    timed(&mut || conn.execute_batch("VACUUM"))?;
+    }
     let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
     drop(conn);
     for suffix in ["", "-wal", "-shm"] {
@@ -200,6 +241,14 @@ pub fn run(dir: &Path, rows: u64) -> rusqlite::Result<Vec<f64>> {
         return Err(rusqlite::Error::InvalidQuery);
     }
     Ok(times)
+}
+
+/// The symbol of each workload function, as a profiler names it.
+pub fn symbols() -> Vec<String> {
+    WORKLOADS
+        .iter()
+        .map(|w| format!("tablix::bench::speed::{}", w.replace('-', "_")))
+        .collect()
 }
 
 #[cfg(test)]
