@@ -1,6 +1,5 @@
 //! Deterministic application of Commands, alone or as a group commit.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -37,7 +36,8 @@ pub(crate) fn attach_memory(conn: &Connection, mem_uri: &str) -> rusqlite::Resul
 
 impl Applier {
     pub(crate) fn open(config: &StoreConfig, mem_uri: &str) -> Result<Applier, StoreError> {
-        let clock = ClockVfs::register().map_err(|e| StoreError::Open(e.to_string()))?;
+        let clock = ClockVfs::register_over(config.vfs.as_deref())
+            .map_err(|e| StoreError::Open(e.to_string()))?;
         let path = config.database_path();
         let mut conn = Connection::open_with_flags_and_vfs(
             &path,
@@ -194,15 +194,11 @@ impl Applier {
         })
     }
 
-    /// Writes the WAL to stable storage (async mode's bounded flush).
-    pub(crate) fn sync_wal(&self, db_path: &Path) -> Result<(), StoreError> {
-        let mut wal = db_path.as_os_str().to_owned();
-        wal.push("-wal");
-        match std::fs::File::open(&wal) {
-            Ok(f) => Ok(f.sync_data()?),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+    /// Writes the WAL to stable storage (async mode's bounded flush),
+    /// through SQLite's own WAL handle so every VFS layer sees the sync.
+    pub(crate) fn sync_wal(&self) -> Result<(), StoreError> {
+        tablix_vfs::sync_journal(&self.conn)
+            .map_err(|rc| StoreError::Apply(format!("syncing the WAL failed (SQLite error {rc})")))
     }
 
     /// Folds the WAL back into the database before closing.
@@ -250,6 +246,7 @@ mod tests {
     use crate::command::{Params, Statement, Value};
     use crate::outcome::StatementResult;
     use proptest::prelude::*;
+    use std::path::Path;
 
     fn applier(dir: &Path, tag: &str) -> Applier {
         let config = StoreConfig::new(dir.join(tag));

@@ -44,6 +44,9 @@ pub struct StoreConfig {
     /// Upper bound on how long an acknowledged Command stays unsynced in
     /// async mode.
     pub flush_interval: Duration,
+    /// The SQLite VFS under the store's connections (the platform's if
+    /// None); tests name a fault-injecting one.
+    pub vfs: Option<String>,
 }
 
 impl StoreConfig {
@@ -54,6 +57,7 @@ impl StoreConfig {
             readers: 4,
             max_batch: 1024,
             flush_interval: Duration::from_millis(200),
+            vfs: None,
         }
     }
 

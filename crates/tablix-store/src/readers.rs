@@ -34,12 +34,17 @@ impl Readers {
     pub(crate) fn open(config: &StoreConfig, mem_uri: &str) -> Result<Readers, StoreError> {
         let mut idle = Vec::with_capacity(config.readers);
         for _ in 0..config.readers.max(1) {
-            let mut conn = Connection::open_with_flags(
-                config.database_path(),
-                OpenFlags::SQLITE_OPEN_READ_ONLY
-                    | OpenFlags::SQLITE_OPEN_URI
-                    | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-            )?;
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let mut conn = match &config.vfs {
+                Some(vfs) => Connection::open_with_flags_and_vfs(
+                    config.database_path(),
+                    flags,
+                    vfs.as_str(),
+                )?,
+                None => Connection::open_with_flags(config.database_path(), flags)?,
+            };
             conn.busy_timeout(std::time::Duration::from_secs(10))?;
             attach_memory(&conn, mem_uri)?;
             tablix_pcache::register_stats_table(&conn)?;

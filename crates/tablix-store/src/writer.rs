@@ -128,6 +128,6 @@ impl Writer {
             return Ok(());
         }
         Counters::add(&self.counters.flushes, 1);
-        self.applier.sync_wal(&self.config.database_path())
+        self.applier.sync_wal()
     }
 }

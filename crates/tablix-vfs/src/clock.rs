@@ -14,6 +14,8 @@ const UNIX_EPOCH_JULIAN_MS: i64 = 210_866_760_000_000;
 pub enum VfsError {
     #[error("SQLite has no default VFS to wrap")]
     NoDefaultVfs,
+    #[error("no SQLite VFS is registered as {0:?}")]
+    Unknown(String),
     #[error("registering VFS {name} failed with SQLite result code {code}")]
     Register { name: String, code: c_int },
 }
@@ -51,13 +53,28 @@ impl ClockVfs {
     /// Registers a new clock VFS wrapping the default VFS. It is not made
     /// the default; open connections with it by name.
     pub fn register() -> Result<ClockVfs, VfsError> {
+        ClockVfs::register_over(None)
+    }
+
+    /// Registers a clock VFS over the VFS named `base` (the default VFS if
+    /// None), which must stay registered while this one is.
+    pub fn register_over(base: Option<&str>) -> Result<ClockVfs, VfsError> {
         // SAFETY: sqlite3_initialize is idempotent and thread-safe.
         unsafe { ffi::sqlite3_initialize() };
+        let base_name = match base {
+            Some(b) => Some(CString::new(b).map_err(|_| VfsError::Unknown(b.to_string()))?),
+            None => None,
+        };
         // SAFETY: a null name asks for the default VFS; SQLite returns a
-        // pointer to a static structure or null.
-        let platform = unsafe { ffi::sqlite3_vfs_find(std::ptr::null()) };
+        // pointer to a registered structure or null.
+        let platform = unsafe {
+            ffi::sqlite3_vfs_find(base_name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()))
+        };
         if platform.is_null() {
-            return Err(VfsError::NoDefaultVfs);
+            return Err(match base {
+                Some(b) => VfsError::Unknown(b.to_string()),
+                None => VfsError::NoDefaultVfs,
+            });
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = format!("tablix-clock-{id}");

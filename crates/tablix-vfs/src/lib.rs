@@ -9,10 +9,15 @@
 //! so that SQL such as `datetime('now')` evaluated while the store applies a
 //! Command sees the time carried inside that Command, never the wall clock.
 //! Replaying the same Commands therefore produces the same database.
+//!
+//! [`FaultVfs`] wraps the platform VFS for tests: it simulates power loss
+//! (dropping everything not synced) and I/O errors.
 #![allow(unsafe_code)]
 
 mod clock;
 mod connection;
+mod fault;
 
 pub use clock::{ClockVfs, VfsError, is_registered};
-pub use connection::set_last_insert_rowid;
+pub use connection::{set_last_insert_rowid, sync_journal};
+pub use fault::FaultVfs;
