@@ -96,10 +96,10 @@ const FUNCTIONS: [Workload; 11] = [
     vacuum,
 ];
 
-#[inline(never)]
-fn insert_unindexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+/// `n` rows of (random number, sequence, the number in words) into `table`.
+fn insert_rows(conn: &Connection, rng: &mut Rng, n: u64, table: &str) -> rusqlite::Result<()> {
     let tx = conn.unchecked_transaction()?;
-    let mut st = tx.prepare("INSERT INTO t1 VALUES (?1, ?2, ?3)")?;
+    let mut st = tx.prepare(&format!("INSERT INTO {table} VALUES (?1, ?2, ?3)"))?;
     for i in 0..n {
         let r = rng.below(n * 10);
         st.execute(params![r as i64, i as i64, number_name(r)])?;
@@ -109,15 +109,13 @@ fn insert_unindexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Resul
 }
 
 #[inline(never)]
+fn insert_unindexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
+    insert_rows(conn, rng, n, "t1")
+}
+
+#[inline(never)]
 fn insert_indexed(conn: &Connection, rng: &mut Rng, n: u64) -> rusqlite::Result<()> {
-    let tx = conn.unchecked_transaction()?;
-    let mut st = tx.prepare("INSERT INTO t2 VALUES (?1, ?2, ?3)")?;
-    for i in 0..n {
-        let r = rng.below(n * 10);
-        st.execute(params![r as i64, i as i64, number_name(r)])?;
-    }
-    drop(st);
-    tx.commit()
+    insert_rows(conn, rng, n, "t2")
 }
 
 #[inline(never)]
