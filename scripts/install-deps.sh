@@ -5,8 +5,9 @@ set -euo pipefail
 
 # Debian packages: a C compiler and headers for the bundled SQLite; the
 # system SQLite the C page-cache test links against; the tools the
-# benchmarks and tests call.
-packages=(gcc libc6-dev make pkg-config procps libsqlite3-dev valgrind)
+# benchmarks and tests call (script(1) gives the shell test a terminal,
+# valgrind counts the benchmarks' instructions).
+packages=(gcc libc6-dev make pkg-config procps bsdutils libsqlite3-dev valgrind)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -19,6 +19,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // Before anything opens a connection: SQLite takes its page cache at
     // initialisation.

@@ -457,3 +457,67 @@ fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
     assert_eq!(j["results"][0]["values"], serde_json::json!([[0]]), "{j}");
     d.stop();
 }
+
+#[test]
+fn the_interactive_shell_edits_continues_and_keeps_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start(&dir.path().join("data"), &[]);
+    // `script` gives the shell a real terminal, so it runs its line editor.
+    let mut child = Command::new("script")
+        .args(["-qec", &format!("{BIN} sql --addr {}", d.addr), "/dev/null"])
+        .env("HOME", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from bsdutils is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for line in [
+        "CREATE TABLE t(x);",
+        "INSERT INTO t",
+        "VALUES (41);",
+        "SELECT x + 1 AS y FROM t;",
+        "SELEC 1;",
+        ".quit",
+    ] {
+        writeln!(stdin, "{line}").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    // Strip terminal control sequences and carriage returns.
+    let raw = String::from_utf8_lossy(&out.stdout);
+    let mut screen = String::new();
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                while let Some(n) = chars.next() {
+                    if n.is_ascii_alphabetic() || n == '~' {
+                        break;
+                    }
+                }
+            }
+        } else if c != '\r' {
+            screen.push(c);
+        }
+    }
+    assert!(
+        screen.contains("tablix> INSERT INTO t\n   ...> VALUES (41);"),
+        "{screen}"
+    );
+    assert!(screen.contains("| 42 |"), "{screen}");
+    assert!(
+        screen.contains("Error: near \"SELEC\": syntax error"),
+        "{screen}"
+    );
+    assert!(
+        screen.contains("tablix> .quit"),
+        "the shell did not go on after the error: {screen}"
+    );
+    let history = std::fs::read_to_string(dir.path().join(".tablix_history")).unwrap();
+    assert!(history.contains("SELECT x + 1 AS y FROM t;"), "{history}");
+    d.stop();
+}
