@@ -3,7 +3,7 @@ CARGO ?= cargo
 # Arguments for `make run`, e.g. make run ARGS="--mode async".
 ARGS ?=
 
-.PHONY: deps run test lint build bench bench-insert bench-pcache pcache-c-test
+.PHONY: deps run test lint build bench bench-insert bench-pcache pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -20,6 +20,15 @@ run: build
 test: deps lint
 	$(CARGO) test --workspace --locked
 	$(MAKE) pcache-c-test
+	$(MAKE) rqlite-clients-test
+
+## Existing rqlite client libraries (pinned, in a venv) against the daemon.
+RQ_VENV = target/rqlite-clients-venv
+rqlite-clients-test:
+	$(CARGO) build --locked -p tablix
+	test -x $(RQ_VENV)/bin/python || python3 -m venv $(RQ_VENV)
+	$(RQ_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/rqlite-clients/requirements.txt
+	$(RQ_VENV)/bin/python tests/rqlite-clients/test_clients.py target/debug/tablix
 
 ## The page cache as a static library, used by a C program linked against
 ## the system SQLite, under every policy.

@@ -6,8 +6,9 @@ set -euo pipefail
 # Debian packages: a C compiler and headers for the bundled SQLite; the
 # system SQLite the C page-cache test links against; the tools the
 # benchmarks and tests call (script(1) gives the shell test a terminal,
-# valgrind counts the benchmarks' instructions).
-packages=(gcc libc6-dev make pkg-config procps bsdutils libsqlite3-dev valgrind)
+# valgrind counts the benchmarks' instructions, python3 runs the rqlite
+# client libraries against the daemon).
+packages=(gcc libc6-dev make pkg-config procps bsdutils libsqlite3-dev valgrind python3 python3-venv)
 
 missing=()
 for p in "${packages[@]}"; do
