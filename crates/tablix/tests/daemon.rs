@@ -494,7 +494,7 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
         if c == '\u{1b}' {
             if chars.peek() == Some(&'[') {
                 chars.next();
-                while let Some(n) = chars.next() {
+                for n in chars.by_ref() {
                     if n.is_ascii_alphabetic() || n == '~' {
                         break;
                     }
