@@ -469,3 +469,56 @@ fn s3_fifo_finds_a_victim_in_main_when_small_is_all_pinned() {
     c.check();
     assert!(c.page_count() <= 20);
 }
+
+/// An allocator that refuses page-sized allocations while this thread asks
+/// it to, to test the contract's NULL-on-allocation-failure.
+struct Refusing;
+
+thread_local! {
+    static REFUSE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+// SAFETY: delegates to the system allocator, or returns null (allowed).
+unsafe impl std::alloc::GlobalAlloc for Refusing {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() >= 1024 && REFUSE.with(|r| r.get()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: same layout contract.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: allocated by System above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Refusing = Refusing;
+
+#[test]
+fn allocation_failure_returns_null_and_the_cache_stays_usable() {
+    for policy in Policy::ALL {
+        let c = C::new(policy, true, 100);
+        let kept = c.fetch(1, 2);
+        assert!(!kept.is_null());
+        buf(kept)[0] = 9;
+        REFUSE.with(|r| r.set(true));
+        let refused = (c.fetch(2, 2), c.fetch(3, 1));
+        REFUSE.with(|r| r.set(false));
+        assert!(
+            refused.0.is_null() && refused.1.is_null(),
+            "{policy}: allocation failure must give NULL"
+        );
+        assert_eq!(c.count(), 1, "{policy}");
+        assert_eq!(c.fetch(1, 0), kept);
+        assert_eq!(buf(kept)[0], 9);
+        let later = c.fetch(2, 2);
+        assert!(
+            !later.is_null(),
+            "{policy}: the cache recovers once memory is back"
+        );
+        c.unpin(later, false);
+        c.unpin(kept, false);
+    }
+}
