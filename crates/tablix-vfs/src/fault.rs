@@ -256,7 +256,10 @@ unsafe extern "C" fn x_delete(
             return ffi::SQLITE_OK;
         }
         let platform = state.platform;
-        let rc = ((*platform).xDelete.expect("platform xDelete"))(platform, name, sync_dir);
+        let Some(delete) = (*platform).xDelete else {
+            return ffi::SQLITE_ERROR;
+        };
+        let rc = delete(platform, name, sync_dir);
         if rc == ffi::SQLITE_OK
             && let Some(p) = path_of(name)
             && let Ok(mut images) = state.images.lock()
@@ -276,7 +279,10 @@ unsafe extern "C" fn x_access(
     // SAFETY: forwarded unchanged to the platform VFS.
     unsafe {
         let platform = state_of(vfs).platform;
-        ((*platform).xAccess.expect("platform xAccess"))(platform, name, flags, out)
+        match (*platform).xAccess {
+            Some(access) => access(platform, name, flags, out),
+            None => ffi::SQLITE_ERROR,
+        }
     }
 }
 
@@ -289,7 +295,10 @@ unsafe extern "C" fn x_full_pathname(
     // SAFETY: forwarded unchanged to the platform VFS.
     unsafe {
         let platform = state_of(vfs).platform;
-        ((*platform).xFullPathname.expect("platform xFullPathname"))(platform, name, n, out)
+        match (*platform).xFullPathname {
+            Some(full) => full(platform, name, n, out),
+            None => ffi::SQLITE_ERROR,
+        }
     }
 }
 
