@@ -74,6 +74,14 @@ impl Writer {
                     dirty_since = Some(Instant::now());
                 }
             }
+            // Under steady traffic the receive never times out, so the
+            // bound on unsynced time is enforced here too.
+            if dirty_since.is_some_and(|t| t.elapsed() >= self.config.flush_interval) {
+                if let Err(e) = self.flush() {
+                    tracing::error!("periodic flush failed: {e}");
+                }
+                dirty_since = None;
+            }
             if !flushes.is_empty() {
                 let r = self.flush();
                 dirty_since = None;

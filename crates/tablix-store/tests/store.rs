@@ -365,6 +365,36 @@ fn async_mode_flushes_by_itself_within_the_interval() {
     );
 }
 
+#[test]
+fn async_mode_flushes_within_the_interval_under_steady_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.durability = Durability::Async;
+    config.flush_interval = std::time::Duration::from_millis(20);
+    let store = Store::open(config).unwrap();
+    store.apply(stamp(0), sql(&["CREATE TABLE a(x)"])).unwrap();
+    // Queue far more than one group at once, so the writer's queue stays
+    // non-empty (a receive never waits) for many flush intervals; never ask
+    // to flush.
+    let started = std::time::Instant::now();
+    let tickets: Vec<_> = (0..30_000)
+        .map(|i| store.submit(Stamped::new(stamp(i), sql(&["INSERT INTO a VALUES (1)"]))))
+        .collect();
+    for t in tickets {
+        t.wait().unwrap();
+    }
+    let busy = started.elapsed();
+    let flushes = store.stats().flushes;
+    assert!(
+        busy >= std::time::Duration::from_millis(100),
+        "too fast to test: {busy:?}"
+    );
+    assert!(
+        flushes >= 3,
+        "{flushes} flushes while the writer was busy for {busy:?} with a 20 ms bound"
+    );
+}
+
 /// Mounts a tiny tmpfs for the duration of a test.
 struct TinyDisk {
     dir: tempfile::TempDir,
