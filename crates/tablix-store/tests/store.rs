@@ -522,19 +522,34 @@ fn count_p(data: &std::path::Path) -> (i64, String) {
     (n, ok)
 }
 
-#[test]
-fn power_loss_keeps_every_write_acknowledged_in_sync_mode() {
+/// A store configuration on a fault-injecting VFS. The VFS is returned
+/// first so that callers declare it first: it must outlive the store.
+fn faulty_store(durability: Durability) -> (tablix_vfs::FaultVfs, tempfile::TempDir, StoreConfig) {
     let fault = tablix_vfs::FaultVfs::register().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut config = StoreConfig::new(dir.path());
     config.vfs = Some(fault.name().to_string());
-    let store = Arc::new(Store::open(config).unwrap());
+    config.durability = durability;
+    config.flush_interval = std::time::Duration::from_secs(3600);
+    (fault, dir, config)
+}
+
+/// Opens the store and creates table `p`.
+fn open_with_p(config: StoreConfig) -> Store {
+    let store = Store::open(config).unwrap();
     store
         .apply(
             stamp(0),
             sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"]),
         )
         .unwrap();
+    store
+}
+
+#[test]
+fn power_loss_keeps_every_write_acknowledged_in_sync_mode() {
+    let (fault, dir, config) = faulty_store(Durability::Sync);
+    let store = Arc::new(open_with_p(config));
     // Concurrent writers, so acknowledgements come from group commits.
     let acked: usize = (0..4)
         .map(|w| {
@@ -558,19 +573,8 @@ fn power_loss_keeps_every_write_acknowledged_in_sync_mode() {
 
 #[test]
 fn power_loss_in_async_mode_keeps_what_was_flushed() {
-    let fault = tablix_vfs::FaultVfs::register().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = StoreConfig::new(dir.path());
-    config.vfs = Some(fault.name().to_string());
-    config.durability = Durability::Async;
-    config.flush_interval = std::time::Duration::from_secs(3600);
-    let store = Store::open(config).unwrap();
-    store
-        .apply(
-            stamp(0),
-            sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"]),
-        )
-        .unwrap();
+    let (fault, dir, config) = faulty_store(Durability::Async);
+    let store = open_with_p(config);
     for i in 0..20 {
         store.apply(stamp(i), insert(i)).unwrap();
     }
@@ -594,17 +598,8 @@ fn power_loss_in_async_mode_keeps_what_was_flushed() {
 
 #[test]
 fn io_errors_fail_the_group_and_lose_nothing() {
-    let fault = tablix_vfs::FaultVfs::register().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = StoreConfig::new(dir.path());
-    config.vfs = Some(fault.name().to_string());
-    let store = Store::open(config).unwrap();
-    store
-        .apply(
-            stamp(0),
-            sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"]),
-        )
-        .unwrap();
+    let (fault, dir, config) = faulty_store(Durability::Sync);
+    let store = open_with_p(config);
     for i in 0..10 {
         store.apply(stamp(i), insert(i)).unwrap();
     }
