@@ -33,13 +33,12 @@ impl Default for ApiConfig {
     }
 }
 
-/// What `/status` reports about the daemon.
+/// What `/status` reports about the daemon beyond the store's own
+/// configuration (data directory, mode), which it reads from the store.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServerInfo {
     pub version: String,
     pub pid: u32,
-    pub data_dir: String,
-    pub mode: String,
     pub http_addr: String,
     /// The page-cache policy installed, or "sqlite" for SQLite's own.
     pub pcache: String,
@@ -152,17 +151,20 @@ async fn read(app: &Arc<App>, sts: Vec<Statement>, o: &Options) -> Result<Respon
 }
 
 async fn unified(app: &Arc<App>, sts: Vec<Statement>, o: &Options) -> Result<Response, Failure> {
+    let started = Instant::now();
     let store = Arc::clone(&app.store);
-    let (sts, read_only) = tokio::task::spawn_blocking(move || {
-        let r = store.is_read_only(&sts);
+    let (sts, read) = tokio::task::spawn_blocking(move || {
+        let r = store.query_if_read_only(&sts);
         (sts, r)
     })
     .await
     .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    if read_only? {
-        read(app, sts, o).await
-    } else {
-        write(app, sts, o, Shape::Mixed).await
+    match read? {
+        Some(outcomes) => Ok(respond(
+            results(&outcomes, Shape::Mixed, o, started.elapsed().as_secs_f64()),
+            o,
+        )),
+        None => write(app, sts, o, Shape::Mixed).await,
     }
 }
 

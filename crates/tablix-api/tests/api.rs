@@ -29,8 +29,6 @@ fn server(body_limit: usize) -> Server {
     let info = ServerInfo {
         version: "test".into(),
         pid: std::process::id(),
-        data_dir: dir.path().display().to_string(),
-        mode: "sync".into(),
         http_addr: addr.to_string(),
         pcache: "sqlite".into(),
     };

@@ -9,6 +9,9 @@ use crate::slot::{NIL, Slot};
 use crate::stats::{CacheStats, Counters};
 use crate::table::Table;
 
+/// The page budget before SQLite's first `xCachesize`.
+const INITIAL_CAPACITY: usize = 100;
+
 /// Most page allocations a cache keeps spare.
 const SPARE_LIMIT: usize = 32;
 
@@ -75,7 +78,7 @@ impl<P: Evict> Cache<P> {
             page_size,
             extra_size,
             purgeable,
-            capacity: 100,
+            capacity: INITIAL_CAPACITY,
             layout,
             slots: Vec::new(),
             free: Vec::new(),
@@ -88,7 +91,7 @@ impl<P: Evict> Cache<P> {
             evictions: 0,
             policy: {
                 let mut p = P::default();
-                p.set_capacity(100);
+                p.set_capacity(INITIAL_CAPACITY);
                 p
             },
             stats,

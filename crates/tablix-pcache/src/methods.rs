@@ -262,7 +262,10 @@ pub unsafe extern "C" fn tablix_pcache_install(policy: *const c_char) -> c_int {
 /// C entry point: the valid policy names, comma-separated.
 #[unsafe(no_mangle)]
 pub extern "C" fn tablix_pcache_policies() -> *const c_char {
-    c"lru, lfu-hist, s3-fifo, w-tinylfu".as_ptr()
+    static NAMES: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| std::ffi::CString::new(Policy::names()).unwrap_or_default())
+        .as_ptr()
 }
 
 /// C entry point: hits, misses and evictions of every tablix cache so far.

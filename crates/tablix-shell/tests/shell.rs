@@ -28,8 +28,6 @@ fn server() -> Server {
     let info = ServerInfo {
         version: "test".into(),
         pid: 0,
-        data_dir: String::new(),
-        mode: "sync".into(),
         http_addr: addr.clone(),
         pcache: "sqlite".into(),
     };

@@ -27,8 +27,8 @@ pub(crate) struct Applier {
     clock: ClockVfs,
 }
 
-/// Opens the persistent database at `path` and attaches the memory database
-/// `mem_uri` as `mem`, with the pragmas every tablix connection shares.
+/// Attaches the memory database `mem_uri` as `mem`, as every store
+/// connection does, so that one query can join it with the main database.
 pub(crate) fn attach_memory(conn: &Connection, mem_uri: &str) -> rusqlite::Result<()> {
     conn.execute("ATTACH DATABASE ?1 AS mem", params![mem_uri])?;
     Ok(())

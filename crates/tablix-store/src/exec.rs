@@ -32,7 +32,34 @@ fn run_inner(
         return Err("empty statement".into());
     }
     let mut stmt = conn.prepare(&st.sql).map_err(|e| policy.describe(&e))?;
-    bind(&mut stmt, &st.params)?;
+    run_prepared_inner(conn, policy, &mut stmt, &st.params)
+}
+
+/// Runs a statement already prepared on `conn` with `params`.
+pub(crate) fn run_prepared(
+    conn: &Connection,
+    policy: &Policy,
+    stmt: &mut rusqlite::Statement<'_>,
+    params: &Params,
+) -> StatementOutcome {
+    let started = Instant::now();
+    let result = match run_prepared_inner(conn, policy, stmt, params) {
+        Ok(r) => r,
+        Err(message) => StatementResult::Error(message),
+    };
+    StatementOutcome {
+        result,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+fn run_prepared_inner(
+    conn: &Connection,
+    policy: &Policy,
+    stmt: &mut rusqlite::Statement<'_>,
+    params: &Params,
+) -> Result<StatementResult, String> {
+    bind(stmt, params)?;
     let width = stmt.column_count();
     if width == 0 {
         let before = conn.total_changes();

@@ -95,20 +95,15 @@ impl Readers {
         self.returned.notify_all();
     }
 
-    /// Runs `statements` in one read transaction: all see one snapshot.
-    pub(crate) fn query(
-        &self,
-        statements: &[Statement],
-    ) -> Result<Vec<StatementOutcome>, StoreError> {
+    /// Runs `f` inside one read transaction on a reader: everything it
+    /// runs sees one snapshot.
+    fn in_snapshot<R>(&self, f: impl FnOnce(&Reader) -> R) -> Result<R, StoreError> {
         self.with(|r| {
             r.policy.set_enforcing(false);
             let begun = r.conn.execute_batch("BEGIN");
             r.policy.set_enforcing(true);
             begun.map_err(|e| StoreError::Apply(error_message(&e)))?;
-            let out: Vec<StatementOutcome> = statements
-                .iter()
-                .map(|st| exec::run(&r.conn, &r.policy, st))
-                .collect();
+            let out = f(r);
             r.policy.set_enforcing(false);
             let ended = r.conn.execute_batch("COMMIT");
             r.policy.set_enforcing(true);
@@ -117,16 +112,42 @@ impl Readers {
         })?
     }
 
-    /// Whether every statement compiles here and only reads, so it can run
-    /// on a reader rather than through the writer.
-    pub(crate) fn all_read_only(&self, statements: &[Statement]) -> Result<bool, StoreError> {
-        self.with(|r| {
-            statements.iter().all(|st| {
-                r.conn
-                    .prepare(&st.sql)
-                    .map(|s| s.readonly() && s.column_count() > 0)
-                    .unwrap_or(false)
-            })
+    /// Runs `statements` in one read transaction: all see one snapshot.
+    pub(crate) fn query(
+        &self,
+        statements: &[Statement],
+    ) -> Result<Vec<StatementOutcome>, StoreError> {
+        self.in_snapshot(|r| {
+            statements
+                .iter()
+                .map(|st| exec::run(&r.conn, &r.policy, st))
+                .collect()
+        })
+    }
+
+    /// Runs `statements` on one snapshot if every one of them compiles here
+    /// and only reads; None if any needs the writer (it writes, or refers
+    /// to something an earlier statement of the request creates). Each
+    /// statement is prepared once.
+    pub(crate) fn query_if_read_only(
+        &self,
+        statements: &[Statement],
+    ) -> Result<Option<Vec<StatementOutcome>>, StoreError> {
+        self.in_snapshot(|r| {
+            let mut prepared = Vec::with_capacity(statements.len());
+            for st in statements {
+                match r.conn.prepare(&st.sql) {
+                    Ok(p) if p.readonly() && p.column_count() > 0 => prepared.push(p),
+                    _ => return None,
+                }
+            }
+            Some(
+                prepared
+                    .iter_mut()
+                    .zip(statements)
+                    .map(|(p, st)| exec::run_prepared(&r.conn, &r.policy, p, &st.params))
+                    .collect(),
+            )
         })
     }
 }

@@ -138,9 +138,17 @@ impl Store {
         self.readers.query(statements)
     }
 
-    /// Whether `statements` can be served by [`Store::query`].
-    pub fn is_read_only(&self, statements: &[Statement]) -> Result<bool, StoreError> {
-        self.readers.all_read_only(statements)
+    /// Runs `statements` on the reader pool if they only read; None when
+    /// they need the writer (submit them as a Command instead).
+    pub fn query_if_read_only(
+        &self,
+        statements: &[Statement],
+    ) -> Result<Option<Vec<StatementOutcome>>, StoreError> {
+        let out = self.readers.query_if_read_only(statements)?;
+        if out.is_some() {
+            Counters::add(&self.counters.reads, 1);
+        }
+        Ok(out)
     }
 
     pub fn stats(&self) -> StoreStats {

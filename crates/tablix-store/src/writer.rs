@@ -13,6 +13,9 @@ use crate::error::StoreError;
 use crate::outcome::Applied;
 use crate::stats::Counters;
 
+/// How long the writer sleeps when nothing awaits a flush.
+const IDLE: Duration = Duration::from_secs(3600);
+
 /// Where the writer sends a Command's result.
 pub(crate) type Reply = oneshot::Sender<Result<Applied, StoreError>>;
 
@@ -33,58 +36,44 @@ impl Writer {
     /// checkpoints. Callers are answered only after their group committed
     /// (and, in sync mode, after SQLite's commit fsync'ed the WAL).
     pub(crate) fn run(self, rx: Receiver<Request>) {
+        // Set while committed Commands await their fsync (async mode only).
         let mut dirty_since: Option<Instant> = None;
-        let idle_wait = match self.config.durability {
-            Durability::Sync => Duration::from_secs(3600),
-            Durability::Async => self.config.flush_interval,
-        };
+        let interval = self.config.flush_interval;
         loop {
-            let timeout = match dirty_since {
-                Some(t) => self.config.flush_interval.saturating_sub(t.elapsed()),
-                None => idle_wait,
-            };
-            let first = match rx.recv_timeout(timeout) {
-                Ok(r) => r,
-                Err(RecvTimeoutError::Timeout) => {
-                    if dirty_since.is_some() {
-                        if let Err(e) = self.flush() {
-                            tracing::error!("periodic flush failed: {e}");
-                        }
-                        dirty_since = None;
-                    }
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            let mut applies = Vec::new();
+            let timeout = dirty_since.map_or(IDLE, |t| interval.saturating_sub(t.elapsed()));
             let mut flushes = Vec::new();
-            let mut next = Some(first);
-            while let Some(r) = next.take() {
-                match r {
-                    Request::Apply(cmd, reply) => applies.push((cmd, reply)),
-                    Request::Flush(reply) => flushes.push(reply),
+            match rx.recv_timeout(timeout) {
+                Ok(first) => {
+                    let mut applies = Vec::new();
+                    let mut next = Some(first);
+                    while let Some(r) = next.take() {
+                        match r {
+                            Request::Apply(cmd, reply) => applies.push((cmd, reply)),
+                            Request::Flush(reply) => flushes.push(reply),
+                        }
+                        if applies.len() < self.config.max_batch {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    if !applies.is_empty() {
+                        self.commit_group(applies);
+                        if self.config.durability == Durability::Async && dirty_since.is_none() {
+                            dirty_since = Some(Instant::now());
+                        }
+                    }
                 }
-                if applies.len() < self.config.max_batch {
-                    next = rx.try_recv().ok();
-                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
             }
-            if !applies.is_empty() {
-                self.commit_group(applies);
-                if self.config.durability == Durability::Async && dirty_since.is_none() {
-                    dirty_since = Some(Instant::now());
-                }
-            }
-            // Under steady traffic the receive never times out, so the
-            // bound on unsynced time is enforced here too.
-            if dirty_since.is_some_and(|t| t.elapsed() >= self.config.flush_interval) {
-                if let Err(e) = self.flush() {
-                    tracing::error!("periodic flush failed: {e}");
-                }
-                dirty_since = None;
-            }
-            if !flushes.is_empty() {
+            // Checked after every receive, not only on timeouts: under steady
+            // traffic the receive never times out.
+            let due = dirty_since.is_some_and(|t| t.elapsed() >= interval);
+            if due || !flushes.is_empty() {
                 let r = self.flush();
                 dirty_since = None;
+                if let Err(e) = &r {
+                    tracing::error!("flush failed: {e}");
+                }
                 for reply in flushes {
                     let _ = reply.send(
                         r.as_ref()

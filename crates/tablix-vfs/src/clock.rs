@@ -20,6 +20,29 @@ pub enum VfsError {
     Register { name: String, code: c_int },
 }
 
+/// The registered VFS named `name`, or the default VFS when None.
+/// Initialises SQLite first (idempotent), which registers the built-in VFSes.
+pub(crate) fn find_vfs(name: Option<&str>) -> Result<*mut ffi::sqlite3_vfs, VfsError> {
+    let c_name = match name {
+        Some(n) => Some(CString::new(n).map_err(|_| VfsError::Unknown(n.to_string()))?),
+        None => None,
+    };
+    // SAFETY: sqlite3_initialize is idempotent and thread-safe; a null name
+    // asks for the default VFS; SQLite returns a registered structure or
+    // null.
+    let vfs = unsafe {
+        ffi::sqlite3_initialize();
+        ffi::sqlite3_vfs_find(c_name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()))
+    };
+    if vfs.is_null() {
+        return Err(match name {
+            Some(n) => VfsError::Unknown(n.to_string()),
+            None => VfsError::NoDefaultVfs,
+        });
+    }
+    Ok(vfs)
+}
+
 /// Layout handed to SQLite: `base` must stay the first field so that the
 /// `sqlite3_vfs*` SQLite passes back can be cast to `*const Inner`.
 #[repr(C)]
@@ -59,23 +82,7 @@ impl ClockVfs {
     /// Registers a clock VFS over the VFS named `base` (the default VFS if
     /// None), which must stay registered while this one is.
     pub fn register_over(base: Option<&str>) -> Result<ClockVfs, VfsError> {
-        // SAFETY: sqlite3_initialize is idempotent and thread-safe.
-        unsafe { ffi::sqlite3_initialize() };
-        let base_name = match base {
-            Some(b) => Some(CString::new(b).map_err(|_| VfsError::Unknown(b.to_string()))?),
-            None => None,
-        };
-        // SAFETY: a null name asks for the default VFS; SQLite returns a
-        // pointer to a registered structure or null.
-        let platform = unsafe {
-            ffi::sqlite3_vfs_find(base_name.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()))
-        };
-        if platform.is_null() {
-            return Err(match base {
-                Some(b) => VfsError::Unknown(b.to_string()),
-                None => VfsError::NoDefaultVfs,
-            });
-        }
+        let platform = find_vfs(base)?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let name = format!("tablix-clock-{id}");
         let c_name = CString::new(name.clone()).map_err(|_| VfsError::NoDefaultVfs)?;

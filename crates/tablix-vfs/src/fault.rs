@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use libsqlite3_sys as ffi;
 
-use crate::clock::VfsError;
+use crate::clock::{VfsError, find_vfs};
 
 struct State {
     platform: *mut ffi::sqlite3_vfs,
@@ -34,6 +34,21 @@ struct Inner {
     base: ffi::sqlite3_vfs,
     name: CString,
     state: State,
+}
+
+impl State {
+    /// What a write, truncate or sync returns instead of reaching the disk:
+    /// success after the power went out (nothing more is stored), `error`
+    /// while I/O is failing, None to go ahead.
+    fn intercept(&self, error: c_int) -> Option<c_int> {
+        if self.frozen.load(Ordering::SeqCst) {
+            Some(ffi::SQLITE_OK)
+        } else if self.failing.load(Ordering::SeqCst) {
+            Some(error)
+        } else {
+            None
+        }
+    }
 }
 
 /// A registered fault-injecting VFS named `tablix-fault-N`.
@@ -70,15 +85,7 @@ impl FaultVfs {
     /// Registers a fault VFS over the default VFS. It is not made the
     /// default; open connections with it by name.
     pub fn register() -> Result<FaultVfs, VfsError> {
-        // SAFETY: sqlite3_initialize is idempotent; a null name asks for the
-        // default VFS, a static structure.
-        let platform = unsafe {
-            ffi::sqlite3_initialize();
-            ffi::sqlite3_vfs_find(std::ptr::null())
-        };
-        if platform.is_null() {
-            return Err(VfsError::NoDefaultVfs);
-        }
+        let platform = find_vfs(None)?;
         let name = format!("tablix-fault-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed));
         let c_name = CString::new(name.clone()).map_err(|_| VfsError::NoDefaultVfs)?;
         // SAFETY: `platform` is a valid VFS; we copy its limits and then
@@ -369,11 +376,8 @@ unsafe extern "C" fn f_write(
 ) -> c_int {
     // SAFETY: `f` is ours.
     let (state, _, _) = unsafe { file_parts(f) };
-    if state.frozen.load(Ordering::SeqCst) {
-        return ffi::SQLITE_OK;
-    }
-    if state.failing.load(Ordering::SeqCst) {
-        return ffi::SQLITE_IOERR_WRITE;
+    if let Some(rc) = state.intercept(ffi::SQLITE_IOERR_WRITE) {
+        return rc;
     }
     forward!(f, xWrite, ffi::SQLITE_IOERR_WRITE, buf, n, off)
 }
@@ -381,11 +385,8 @@ unsafe extern "C" fn f_write(
 unsafe extern "C" fn f_truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
     // SAFETY: `f` is ours.
     let (state, _, _) = unsafe { file_parts(f) };
-    if state.frozen.load(Ordering::SeqCst) {
-        return ffi::SQLITE_OK;
-    }
-    if state.failing.load(Ordering::SeqCst) {
-        return ffi::SQLITE_IOERR_TRUNCATE;
+    if let Some(rc) = state.intercept(ffi::SQLITE_IOERR_TRUNCATE) {
+        return rc;
     }
     forward!(f, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
 }
@@ -393,11 +394,8 @@ unsafe extern "C" fn f_truncate(f: *mut ffi::sqlite3_file, size: i64) -> c_int {
 unsafe extern "C" fn f_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: `f` is ours.
     let (state, path, _) = unsafe { file_parts(f) };
-    if state.frozen.load(Ordering::SeqCst) {
-        return ffi::SQLITE_OK;
-    }
-    if state.failing.load(Ordering::SeqCst) {
-        return ffi::SQLITE_IOERR_FSYNC;
+    if let Some(rc) = state.intercept(ffi::SQLITE_IOERR_FSYNC) {
+        return rc;
     }
     let rc = forward!(f, xSync, ffi::SQLITE_OK, flags);
     if rc == ffi::SQLITE_OK

@@ -94,8 +94,6 @@ async fn serve(
     let info = ServerInfo {
         version: version.clone(),
         pid: std::process::id(),
-        data_dir: data.display().to_string(),
-        mode: durability.as_str().into(),
         http_addr: addr.to_string(),
         pcache: args.pcache.name().into(),
     };

@@ -115,27 +115,11 @@ fn speed_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
         "\nspeed suite: {} rows per table, cache holds the working set; each round's time is the fastest of 3 runs in one process, then the median of {} rounds; ratio = time / time with SQLite's own cache",
         a.rows, a.repeat
     );
-    print!("{:<18} {:>10}", "workload", "sqlite ms");
-    for c in &CONFIGS[1..] {
-        print!(" {c:>10}");
-    }
-    println!();
-    let mut worst = vec![0.0f64; CONFIGS.len()];
-    for (w, name) in speed::WORKLOADS.iter().enumerate() {
-        let base = median(times[0][w].clone());
-        print!("{name:<18} {:>10.1}", base * 1e3);
-        for c in 1..CONFIGS.len() {
-            let r = median(times[c][w].clone()) / base;
-            worst[c] = worst[c].max(r);
-            print!(" {r:>10.3}");
-        }
-        println!();
-    }
-    print!("{:<18} {:>10}", "worst ratio", "");
-    for w in &worst[1..] {
-        print!(" {w:>10.3}");
-    }
-    println!();
+    let per_config: Vec<Vec<f64>> = times
+        .iter()
+        .map(|c| c.iter().map(|t| median(t.clone())).collect())
+        .collect();
+    ratio_table("sqlite ms", 1e3, &per_config);
     if a.instructions {
         instruction_counts(dir, a)?;
     }
@@ -196,28 +180,35 @@ fn instruction_counts(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
         "\ninstructions per workload under callgrind ({} rows, one run each); ratio = instructions / instructions with SQLite's own cache",
         a.instruction_rows
     );
-    print!("{:<18} {:>12}", "workload", "sqlite Minstr");
+    ratio_table("sqlite Minstr", 1e-6, &counts);
+    Ok(())
+}
+
+/// Prints one row per speed workload: SQLite's figure (scaled by `scale`)
+/// and every other configuration's as a ratio to it, then each one's worst
+/// ratio. `values[config][workload]`, with SQLite's cache first.
+fn ratio_table(base_label: &str, scale: f64, values: &[Vec<f64>]) {
+    print!("{:<18} {base_label:>13}", "workload");
     for c in &CONFIGS[1..] {
         print!(" {c:>10}");
     }
     println!();
-    let mut worst = vec![0.0f64; CONFIGS.len()];
+    let mut worst = vec![0.0f64; values.len()];
     for (w, name) in speed::WORKLOADS.iter().enumerate() {
-        let base = counts[0][w];
-        print!("{name:<18} {:>12.1}", base / 1e6);
-        for c in 1..CONFIGS.len() {
-            let r = counts[c][w] / base;
+        let base = values[0][w];
+        print!("{name:<18} {:>13.1}", base * scale);
+        for (c, v) in values.iter().enumerate().skip(1) {
+            let r = v[w] / base;
             worst[c] = worst[c].max(r);
             print!(" {r:>10.3}");
         }
         println!();
     }
-    print!("{:<18} {:>12}", "worst ratio", "");
+    print!("{:<18} {:>13}", "worst ratio", "");
     for w in &worst[1..] {
         print!(" {w:>10.3}");
     }
     println!();
-    Ok(())
 }
 
 fn hit_suite(dir: &Path, a: &PcacheBenchArgs) -> anyhow::Result<()> {
