@@ -2,8 +2,10 @@
 CARGO ?= cargo
 # Arguments for `make run`, e.g. make run ARGS="--mode async".
 ARGS ?=
+# Where `make run` mounts the file system.
+MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build bench bench-insert bench-pcache pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-fs pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -11,9 +13,19 @@ deps:
 build: deps
 	$(CARGO) build --release --locked -p tablix
 
-## Start the daemon in the foreground with the default data directory.
+## Start the daemon in the foreground with the default data directory,
+## the file system mounted at $(MOUNT).
 run: build
-	./target/release/tablix up $(ARGS)
+	mkdir -p $(MOUNT)
+	./target/release/tablix up $(ARGS) $(MOUNT)
+
+## Install the binary and the mount helper, so that
+## `mount -t fuse.tablix DATA_DIR MOUNTPOINT -o mode=async` and fstab work.
+PREFIX ?= /usr/local
+install: build
+	install -D -m 755 target/release/tablix $(DESTDIR)$(PREFIX)/bin/tablix
+	install -d $(DESTDIR)/sbin
+	ln -sf $(PREFIX)/bin/tablix $(DESTDIR)/sbin/mount.fuse.tablix
 
 ## Every test: formatting, lints, unit, property, integration and crash
 ## tests, and the page cache used from a C program.
@@ -44,10 +56,14 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (not part of `make test`).
-bench: bench-insert bench-pcache
+bench: bench-insert bench-pcache bench-fs
 
 bench-pcache: build
 	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
 
 bench-insert: build
 	./target/release/tablix bench insert $(BENCH_ARGS)
+
+## The file system against ext4 on the same disk (needs root).
+bench-fs: build
+	./target/release/tablix bench fs $(BENCH_ARGS)

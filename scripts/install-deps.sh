@@ -7,8 +7,11 @@ set -euo pipefail
 # system SQLite the C page-cache test links against; the tools the
 # benchmarks and tests call (script(1) gives the shell test a terminal,
 # valgrind counts the benchmarks' instructions, python3 runs the rqlite
-# client libraries against the daemon).
-packages=(gcc libc6-dev make pkg-config procps bsdutils libsqlite3-dev valgrind python3 python3-venv)
+# client libraries against the daemon; fuse3 gives fusermount3 for
+# unprivileged mounts and mount.fuse3; util-linux's setpriv runs the POSIX
+# suite as another user; bonnie++ and postmark are the file-system
+# benchmarks).
+packages=(gcc libc6-dev make pkg-config procps bsdutils util-linux libsqlite3-dev valgrind python3 python3-venv fuse3 bonnie++ postmark tar findutils coreutils)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -15,9 +15,7 @@ mod body;
 mod options;
 mod render;
 mod server;
-mod stamp;
 
 pub use body::parse_statements;
 pub use options::{Level, Options};
 pub use server::{ApiConfig, ServerInfo, router};
-pub use stamp::stamp_now;

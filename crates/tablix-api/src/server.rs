@@ -12,12 +12,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
-use tablix_store::{Command, Stamped, Statement, Store, StoreError};
+use tablix_store::{Command, Stamp, Stamped, Statement, Store, StoreError};
 
 use crate::body::parse_statements;
 use crate::options::Options;
 use crate::render::{Shape, results};
-use crate::stamp::stamp_now;
 
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
@@ -126,7 +125,10 @@ async fn write(
         statements: sts,
         transaction: o.transaction,
     };
-    let applied = app.store.submit(Stamped::new(stamp_now(), command)).await?;
+    let applied = app
+        .store
+        .submit(Stamped::new(Stamp::now(), command))
+        .await?;
     Ok(respond(
         results(
             &applied.statements,

@@ -1,5 +1,6 @@
 //! `.dump`: the user's schema and rows as SQL text that `tablix sql` can read
-//! back. System tables are tablix's own and are not dumped.
+//! back. System tables (`tablix_*`) and the file system's `files` view are
+//! tablix's own and are not dumped.
 
 use std::fmt::Write as _;
 
@@ -11,7 +12,7 @@ use crate::shell::ShellError;
 
 const SCHEMA: &str = "SELECT type, name, tbl_name, sql FROM main.sqlite_schema \
     WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
-    AND tbl_name NOT LIKE 'tablix\\_%' ESCAPE '\\' \
+    AND tbl_name NOT LIKE 'tablix\\_%' ESCAPE '\\' AND name != 'files' \
     ORDER BY CASE type WHEN 'table' THEN 0 WHEN 'index' THEN 1 WHEN 'view' THEN 2 ELSE 3 END, rowid";
 
 /// Dumps every user table, or those named in `only` (case-insensitive).

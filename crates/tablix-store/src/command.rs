@@ -69,6 +69,8 @@ pub enum Command {
     },
     /// Records the daemon that owns the data directory.
     SetDaemon(DaemonRecord),
+    /// A file-system operation (the FUSE mount's writes).
+    Fs(tablix_fs::FsOp),
 }
 
 /// The non-deterministic inputs of a Command, fixed by whoever proposes it.

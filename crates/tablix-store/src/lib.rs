@@ -24,6 +24,7 @@ mod outcome;
 mod policy;
 mod readers;
 mod schema;
+mod stamp;
 mod stats;
 mod store;
 mod writer;

@@ -42,8 +42,11 @@ pub struct Applied {
     /// One entry per statement that ran (for `Command::Sql`); a transaction
     /// stops at its first error.
     pub statements: Vec<StatementOutcome>,
-    /// The Command's changes were rolled back (a transaction hit an error).
+    /// The Command's changes were rolled back (a transaction hit an error,
+    /// or a file-system operation failed).
     pub rolled_back: bool,
+    /// What a `Command::Fs` returned.
+    pub fs: Option<Result<tablix_fs::FsReply, tablix_fs::Errno>>,
 }
 
 impl Applied {

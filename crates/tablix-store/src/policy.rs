@@ -14,10 +14,14 @@ use rusqlite::Connection;
 use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
 
 /// Whether a table belongs to tablix rather than to the user. Everything in
-/// the memory database is tablix state, as is every `tablix_*` table.
+/// the memory database is tablix state, as is every `tablix_*` table and
+/// the file system's `files` view.
 pub fn is_system_table(database: Option<&str>, table: &str) -> bool {
     let lower = table.to_ascii_lowercase();
-    database == Some("mem") || lower.starts_with("tablix_") || lower == "pcache_stats"
+    database == Some("mem")
+        || lower.starts_with("tablix_")
+        || lower == "pcache_stats"
+        || lower == "files"
 }
 
 /// Pragmas that only report, and may take an argument naming what to report on.

@@ -112,6 +112,22 @@ impl Readers {
         })?
     }
 
+    /// Runs tablix's own reads (`f`, trusted SQL) in one read transaction.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&Connection) -> R) -> Result<R, StoreError> {
+        self.with(|r| {
+            r.policy.set_enforcing(false);
+            let out = r.conn.execute_batch("BEGIN").map(|()| {
+                let out = f(&r.conn);
+                (out, r.conn.execute_batch("COMMIT"))
+            });
+            r.policy.set_enforcing(true);
+            match out {
+                Ok((out, Ok(()))) => Ok(out),
+                Ok((_, Err(e))) | Err(e) => Err(StoreError::Apply(error_message(&e))),
+            }
+        })?
+    }
+
     /// Runs `statements` in one read transaction: all see one snapshot.
     pub(crate) fn query(
         &self,

@@ -17,16 +17,22 @@ struct Migration {
 
 /// Persistent-database migrations, applied in order. `PRAGMA user_version`
 /// records the last one applied. Never edit a released entry: append.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: "CREATE TABLE main.tablix_meta(
-              key   TEXT PRIMARY KEY,
-              value ANY
-          ) STRICT;
-          INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');",
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: "CREATE TABLE main.tablix_meta(
+                  key   TEXT PRIMARY KEY,
+                  value ANY
+              ) STRICT;
+              INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');",
+    },
+    Migration {
+        version: 2,
+        sql: tablix_fs::schema::SCHEMA,
+    },
+];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 1;
+pub const LATEST_SCHEMA_VERSION: u32 = 2;
 
 /// Volatile state, created afresh in the memory database at every start.
 pub const MEMORY_SCHEMA: &str = "

@@ -54,6 +54,9 @@ impl<T> Future for Ticket<T> {
 /// long as it is open.
 pub struct Store {
     config: StoreConfig,
+    /// The writer connection: the writer thread applies groups on it, and
+    /// in async mode file-system Commands are applied on it directly.
+    applier: Arc<Mutex<Applier>>,
     tx: Mutex<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Readers,
@@ -74,12 +77,12 @@ impl Store {
             std::process::id(),
             NEXT_MEMORY_DB.fetch_add(1, Ordering::Relaxed)
         );
-        let applier = Applier::open(&config, &mem_uri)?;
+        let applier = Arc::new(Mutex::new(Applier::open(&config, &mem_uri)?));
         let readers = Readers::open(&config, &mem_uri)?;
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
-            applier,
+            applier: Arc::clone(&applier),
             config: config.clone(),
             counters: Arc::clone(&counters),
         };
@@ -88,6 +91,7 @@ impl Store {
             .spawn(move || writer.run(rx))?;
         Ok(Store {
             config,
+            applier,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             readers,
@@ -123,6 +127,44 @@ impl Store {
         self.submit(Stamped::new(stamp, command)).wait()
     }
 
+    /// Applies a file-system operation. In sync mode this is [`Store::apply`]
+    /// (group commit, durable on return). In async mode it runs at once on
+    /// the caller's thread inside a transaction that stays open, so that a
+    /// stream of small operations pays for neither a thread hand-off nor a
+    /// commit each; the writer commits and syncs it within the flush
+    /// interval, and [`Store::flush`] forces that. Use
+    /// [`Store::read_latest`] to read what such operations wrote.
+    pub fn apply_fs_now(&self, stamp: Stamp, op: tablix_fs::FsOp) -> Result<Applied, StoreError> {
+        if self.config.durability == crate::config::Durability::Sync {
+            return self.apply(stamp, Command::Fs(op));
+        }
+        let applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
+        let began = !applier.has_pending();
+        let r = applier.apply_pending(&Stamped::new(stamp, Command::Fs(op)));
+        drop(applier);
+        Counters::add(&self.counters.commands, 1);
+        if began {
+            self.send(Request::Pending)?;
+        }
+        r
+    }
+
+    /// Runs tablix's own read-only SQL (`f`) on the newest state, including
+    /// operations of [`Store::apply_fs_now`] not committed yet: on the writer
+    /// connection in async mode, on the reader pool (see [`Store::read`])
+    /// in sync mode, where nothing acknowledged is uncommitted.
+    pub fn read_latest<R>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> R,
+    ) -> Result<R, StoreError> {
+        if self.config.durability == crate::config::Durability::Sync {
+            return self.read(f);
+        }
+        Counters::add(&self.counters.reads, 1);
+        let applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
+        Ok(f(applier.connection()))
+    }
+
     /// Makes everything acknowledged so far durable, whatever the mode.
     pub fn flush(&self) -> Ticket<()> {
         let (reply, rx) = oneshot::channel();
@@ -149,6 +191,14 @@ impl Store {
             Counters::add(&self.counters.reads, 1);
         }
         Ok(out)
+    }
+
+    /// Runs tablix's own read-only SQL (`f`) on one snapshot of the reader
+    /// pool, with the SQL policy off: for crates that own tables of the
+    /// store, such as the file system.
+    pub fn read<R>(&self, f: impl FnOnce(&rusqlite::Connection) -> R) -> Result<R, StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        self.readers.read(f)
     }
 
     pub fn stats(&self) -> StoreStats {

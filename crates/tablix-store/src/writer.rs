@@ -1,7 +1,7 @@
 //! The single writer thread: group commit and the durability policy.
 
-use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -23,10 +23,13 @@ pub(crate) enum Request {
     Apply(Box<Stamped>, Reply),
     /// Make every Command acknowledged so far durable (fsync).
     Flush(oneshot::Sender<Result<(), StoreError>>),
+    /// A pending transaction was opened by `Store::apply_fs_now`: commit it
+    /// (and sync) within the flush interval.
+    Pending,
 }
 
 pub(crate) struct Writer {
-    pub(crate) applier: Applier,
+    pub(crate) applier: Arc<Mutex<Applier>>,
     pub(crate) config: StoreConfig,
     pub(crate) counters: Arc<Counters>,
 }
@@ -36,20 +39,24 @@ impl Writer {
     /// checkpoints. Callers are answered only after their group committed
     /// (and, in sync mode, after SQLite's commit fsync'ed the WAL).
     pub(crate) fn run(self, rx: Receiver<Request>) {
-        // Set while committed Commands await their fsync (async mode only).
-        let mut dirty_since: Option<Instant> = None;
+        // Set while acknowledged Commands await their commit or fsync
+        // (async mode only): when they must be durable.
+        let mut deadline: Option<Instant> = None;
         let interval = self.config.flush_interval;
+        let is_async = self.config.durability == Durability::Async;
         loop {
-            let timeout = dirty_since.map_or(IDLE, |t| interval.saturating_sub(t.elapsed()));
+            let timeout = deadline.map_or(IDLE, |d| d.saturating_duration_since(Instant::now()));
             let mut flushes = Vec::new();
             match rx.recv_timeout(timeout) {
                 Ok(first) => {
                     let mut applies = Vec::new();
                     let mut next = Some(first);
+                    let mut pending = false;
                     while let Some(r) = next.take() {
                         match r {
                             Request::Apply(cmd, reply) => applies.push((cmd, reply)),
                             Request::Flush(reply) => flushes.push(reply),
+                            Request::Pending => pending = true,
                         }
                         if applies.len() < self.config.max_batch {
                             next = rx.try_recv().ok();
@@ -57,9 +64,10 @@ impl Writer {
                     }
                     if !applies.is_empty() {
                         self.commit_group(applies);
-                        if self.config.durability == Durability::Async && dirty_since.is_none() {
-                            dirty_since = Some(Instant::now());
-                        }
+                        pending = true;
+                    }
+                    if is_async && pending && deadline.is_none() {
+                        deadline = Some(Instant::now() + interval);
                     }
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -67,10 +75,10 @@ impl Writer {
             }
             // Checked after every receive, not only on timeouts: under steady
             // traffic the receive never times out.
-            let due = dirty_since.is_some_and(|t| t.elapsed() >= interval);
+            let due = deadline.is_some_and(|d| Instant::now() >= d);
             if due || !flushes.is_empty() {
                 let r = self.flush();
-                dirty_since = None;
+                deadline = None;
                 if let Err(e) = &r {
                     tracing::error!("flush failed: {e}");
                 }
@@ -86,9 +94,18 @@ impl Writer {
         if let Err(e) = self.flush() {
             tracing::error!("final flush failed: {e}");
         }
-        if let Err(e) = self.applier.checkpoint() {
-            tracing::warn!("final checkpoint failed: {e}");
+        match self.lock() {
+            Ok(a) => {
+                if let Err(e) = a.checkpoint() {
+                    tracing::warn!("final checkpoint failed: {e}");
+                }
+            }
+            Err(e) => tracing::error!("final checkpoint: {e}"),
         }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Applier>, StoreError> {
+        self.applier.lock().map_err(|_| StoreError::Closed)
     }
 
     fn commit_group(&self, group: Vec<(Box<Stamped>, Reply)>) {
@@ -98,7 +115,22 @@ impl Writer {
         self.counters
             .largest_batch
             .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-        match self.applier.apply_batch(&items) {
+        let applier = match self.lock() {
+            Ok(a) => a,
+            Err(e) => {
+                for (_, reply) in group {
+                    let _ = reply.send(Err(StoreError::Closed));
+                }
+                tracing::error!("group commit: {e}");
+                return;
+            }
+        };
+        // Acknowledged file-system Commands commit first: a SQL Command
+        // that ends its transaction must not take them with it.
+        if let Err(e) = applier.commit_pending() {
+            tracing::error!("committing pending file-system operations failed: {e}");
+        }
+        match applier.apply_batch(&items) {
             Ok(results) => {
                 Counters::add(&self.counters.commands, n);
                 for ((_, reply), result) in group.into_iter().zip(results) {
@@ -125,6 +157,8 @@ impl Writer {
             return Ok(());
         }
         Counters::add(&self.counters.flushes, 1);
-        self.applier.sync_wal()
+        let applier = self.lock()?;
+        applier.commit_pending()?;
+        applier.sync_wal()
     }
 }

@@ -24,6 +24,19 @@ pub enum Command {
     Sql(SqlArgs),
     /// Run a benchmark and print figures as ratios against a baseline.
     Bench(BenchArgs),
+    /// Check the file system of a data directory (the daemon must be
+    /// stopped) and repair what can be repaired safely.
+    Fsck(FsckArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FsckArgs {
+    /// Data directory [default: as for `tablix up`]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Only report; change nothing.
+    #[arg(short = 'n', long)]
+    pub no_repair: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -55,6 +68,14 @@ pub struct UpArgs {
     /// Page-cache policy: lru, lfu-hist, s3-fifo, w-tinylfu, or sqlite for SQLite's own cache.
     #[arg(long, value_name = "POLICY", default_value = tablix_pcache::DEFAULT_POLICY.name(), value_parser = parse_pcache)]
     pub pcache: PcacheChoice,
+    /// Let every user use the mount (the kernel still enforces the mode
+    /// bits). On by default when running as root; otherwise it needs
+    /// `user_allow_other` in /etc/fuse.conf.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Threads serving file-system requests.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fuse_threads: u64,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,
@@ -100,6 +121,10 @@ pub enum BenchWhich {
     /// ratios under several access patterns, each policy against SQLite's
     /// built-in cache.
     Pcache(PcacheBenchArgs),
+    /// The file system: Bonnie++, Postmark and a metadata workload (unpack a
+    /// source tree, find, du, rm -rf) on a tablix mount in async and sync
+    /// mode, each against ext4 on the same disk in the same run.
+    Fs(FsBenchArgs),
     /// One configuration of `bench pcache`, in its own process (internal).
     #[command(hide = true)]
     PcacheWorker(PcacheWorkerArgs),
@@ -178,6 +203,31 @@ pub struct InsertBenchArgs {
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct FsBenchArgs {
+    /// Scratch directory on the disk to measure [default: ./target/bench/fs]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Bonnie++ file size in MiB (bonnie++ -s); RAM is given as half of it.
+    #[arg(long, default_value_t = 4096)]
+    pub bonnie_mb: u64,
+    /// Postmark's initial file count.
+    #[arg(long, default_value_t = 5000)]
+    pub postmark_files: u64,
+    /// Postmark's transactions.
+    #[arg(long, default_value_t = 20000)]
+    pub postmark_transactions: u64,
+    /// Files in the synthetic source tree of the metadata workload.
+    #[arg(long, default_value_t = 6000)]
+    pub tree_files: u64,
+    /// tablix modes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["async".to_string(), "sync".to_string()])]
+    pub modes: Vec<String>,
+    /// Workloads to run, comma-separated: bonnie, postmark, meta.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["bonnie".to_string(), "postmark".to_string(), "meta".to_string()])]
+    pub workloads: Vec<String>,
 }
 
 /// A page cache to run with.

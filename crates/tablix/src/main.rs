@@ -3,6 +3,8 @@
 mod bench;
 mod cli;
 mod discovery;
+mod fsck;
+mod mount_helper;
 mod sql;
 mod up;
 
@@ -11,12 +13,26 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    if mount_helper::HELPER_NAMES.contains(&invoked_as) {
+        return report(mount_helper::run(&argv[1..]));
+    }
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Up(args) => up::run(args),
         cli::Command::Sql(args) => sql::run(args),
         cli::Command::Bench(args) => bench::run(args),
+        cli::Command::Fsck(args) => fsck::run(args),
     };
+    report(result)
+}
+
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {

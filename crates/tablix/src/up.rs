@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tablix_api::{ApiConfig, ServerInfo, router, stamp_now};
+use tablix_api::{ApiConfig, ServerInfo, router};
 use tablix_store::{Command, DaemonRecord, Durability, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -26,16 +26,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     args.pcache.install()?;
     let data = discovery::data_dir(args.data.as_deref())?;
     if let Some(mp) = &args.mountpoint {
-        if !mp.is_dir() {
-            bail!(
-                "mount point {} does not exist or is not a directory",
-                mp.display()
-            );
+        // Refuse a bad mount point before touching the data directory.
+        match std::fs::metadata(mp) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("mount point {} does not exist", mp.display())
+            }
+            Ok(m) if !m.is_dir() => bail!("mount point {} is not a directory", mp.display()),
+            _ => {}
         }
-        bail!(
-            "mounting the tablix file system at {} is not available in this build yet; start without MOUNTPOINT to serve SQL only",
-            mp.display()
-        );
     }
     let durability = match args.mode {
         ModeArg::Sync => Durability::Sync,
@@ -53,6 +51,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let result = runtime.block_on(serve(Arc::clone(&store), &args, &data, durability));
     DaemonFile::remove(&data);
+    let result = match result {
+        // The mount goes before the store closes: the kernel flushes its
+        // cached writes through it while unmounting.
+        Ok(Some(mounted)) => mounted.unmount().context("unmounting"),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
     // Every acknowledged Command is already committed; closing drains the
     // queue, flushes and checkpoints.
     store.close()?;
@@ -69,7 +74,7 @@ async fn serve(
     args: &UpArgs,
     data: &std::path::Path,
     durability: Durability,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<tablix_fuse::Mounted>> {
     let listener = tokio::net::TcpListener::bind(args.http).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot listen on {}: {e}; is another tablix (or rqlite) using it? choose another address with --http",
@@ -87,7 +92,7 @@ async fn serve(
     };
     store
         .submit(tablix_store::Stamped::new(
-            stamp_now(),
+            tablix_store::Stamp::now(),
             Command::SetDaemon(record),
         ))
         .await?;
@@ -96,6 +101,13 @@ async fn serve(
         pid: std::process::id(),
         http_addr: addr.to_string(),
         pcache: args.pcache.name().into(),
+    };
+    let mounted = match &args.mountpoint {
+        // Mounting waits on the store's writer: not on an async worker.
+        Some(mp) => Some(tokio::task::block_in_place(|| {
+            mount(Arc::clone(&store), args, data, durability, mp)
+        })?),
+        None => None,
     };
     let app = router(
         store,
@@ -112,21 +124,57 @@ async fn serve(
     .write(data)?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mount_note = mounted
+        .as_ref()
+        .map(|m| format!(" mount={}", m.mountpoint().display()))
+        .unwrap_or_default();
     println!(
-        "tablix ready: http=http://{addr} data={} mode={} pcache={} pid={}",
+        "tablix ready: http=http://{addr} data={} mode={} pcache={}{mount_note} pid={}",
         data.display(),
         durability.as_str(),
         args.pcache.name(),
         std::process::id()
     );
+    let ended = mounted.as_ref().map(|m| m.ended());
+    let unmounted = async move {
+        let Some(ended) = ended else {
+            return std::future::pending().await;
+        };
+        while !ended.load(std::sync::atomic::Ordering::Acquire) {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             tokio::select! {
                 _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
                 _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                _ = unmounted => tracing::info!("the file system was unmounted: shutting down"),
             }
         })
         .await
         .context("serving HTTP")?;
-    Ok(())
+    Ok(mounted)
+}
+
+fn mount(
+    store: Arc<Store>,
+    args: &UpArgs,
+    data: &std::path::Path,
+    durability: Durability,
+    mountpoint: &std::path::Path,
+) -> anyhow::Result<tablix_fuse::Mounted> {
+    let root = nix::unistd::geteuid().is_root();
+    let options = tablix_fuse::MountOptions {
+        mountpoint: mountpoint.to_path_buf(),
+        fs: tablix_fuse::FsConfig {
+            writeback_cache: durability == Durability::Async,
+            ttl: Duration::from_secs(10),
+            max_write: 1 << 20,
+            data_dir: data.to_path_buf(),
+        },
+        threads: args.fuse_threads as usize,
+        allow_other: root || args.allow_other,
+    };
+    Ok(tablix_fuse::mount(store, options)?)
 }

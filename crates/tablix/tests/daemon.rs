@@ -521,3 +521,250 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     assert!(history.contains("SELECT x + 1 AS y FROM t;"), "{history}");
     d.stop();
 }
+
+/// Whether FUSE tests can run here; under CI=true a missing FUSE or root
+/// fails instead of skipping.
+fn fuse_or_skip(test: &str) -> bool {
+    let why = if !Path::new("/dev/fuse").exists() {
+        Some("/dev/fuse is missing")
+    } else if !nix::unistd::geteuid().is_root() {
+        Some("mounting needs root")
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test}: FUSE tests must run under CI, but {why}")
+        }
+        Some(why) => {
+            eprintln!("{test}: SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let o = Command::new(BIN)
+        .args(["fsck", "--data"])
+        .arg(data)
+        .args(extra)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    (o.status.code(), format!("{out}{err}"))
+}
+
+/// Writes files with fsync from several threads until the daemon dies;
+/// returns what was fsync'ed.
+fn write_until_the_daemon_dies(mnt: &Path, daemon: Daemon) -> Vec<(String, Vec<u8>)> {
+    let synced = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for t in 0..3 {
+        let (mnt, synced, stop) = (mnt.to_path_buf(), Arc::clone(&synced), Arc::clone(&stop));
+        writers.push(std::thread::spawn(move || {
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let name = format!("w{t}-{i}");
+                let body: Vec<u8> = (0..(i * 7919 % 300_000) + 1)
+                    .map(|b| (b * 31 + t * 7 + i) as u8)
+                    .collect();
+                let r = (|| -> std::io::Result<()> {
+                    let mut f = std::fs::File::create(mnt.join(&name))?;
+                    f.write_all(&body)?;
+                    f.sync_all()
+                })();
+                match r {
+                    Ok(()) => synced.lock().unwrap().push((name, body)),
+                    Err(_) => break,
+                }
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut daemon = daemon;
+    daemon.signal(Signal::SIGKILL);
+    let _ = daemon.child.wait();
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    synced.lock().unwrap().clone()
+}
+
+fn crash_and_remount(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap();
+    let daemon = Daemon::start(&data, &["--mode", mode, mnt_s]);
+    let synced = write_until_the_daemon_dies(&mnt, daemon);
+    assert!(
+        synced.len() > 10,
+        "too few writes before the crash: {}",
+        synced.len()
+    );
+    let (code, out) = fsck(&data, &[]);
+    assert_eq!(code, Some(0), "fsck after kill -9 in {mode} mode:\n{out}");
+    assert!(out.contains("clean"), "{out}");
+    // The stale mount is cleared and every fsync'ed byte is back.
+    let daemon = Daemon::start(&data, &["--mode", mode, mnt_s]);
+    for (name, body) in &synced {
+        let got = std::fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            got == *body,
+            "{name} differs after the crash ({} vs {} bytes)",
+            got.len(),
+            body.len()
+        );
+    }
+    daemon.stop();
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .contains(mnt_s),
+        "the daemon unmounts when it stops"
+    );
+}
+
+#[test]
+fn kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode() {
+    if fuse_or_skip("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode") {
+        crash_and_remount("sync");
+    }
+}
+
+#[test]
+fn kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode() {
+    if fuse_or_skip("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode") {
+        crash_and_remount("async");
+    }
+}
+
+#[test]
+fn fsck_reports_and_repairs_damage() {
+    if !fuse_or_skip("fsck_reports_and_repairs_damage") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let daemon = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    std::fs::write(mnt.join("d/lost"), b"find me").unwrap();
+    std::fs::write(mnt.join("counted"), vec![1u8; 100_000]).unwrap();
+    // fsck refuses while the daemon runs.
+    let (code, out) = fsck(&data, &[]);
+    assert_ne!(code, Some(0));
+    assert!(out.contains("stop it before running fsck"), "{out}");
+    daemon.stop();
+    assert_eq!(fsck(&data, &[]).0, Some(0));
+    // Damage the rows directly.
+    let db = rusqlite::Connection::open(data.join("tablix.db")).unwrap();
+    db.execute_batch(
+        "UPDATE tablix_inode SET nlink = 7 WHERE ino = (SELECT ino FROM tablix_dirent WHERE name = CAST('counted' AS BLOB));
+         DELETE FROM tablix_dirent WHERE name = CAST('lost' AS BLOB);
+         INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('dangling' AS BLOB), 999999);
+         UPDATE tablix_inode SET allocated = 5 WHERE ino = (SELECT ino FROM tablix_dirent WHERE name = CAST('counted' AS BLOB));",
+    )
+    .unwrap();
+    drop(db);
+    let (code, out) = fsck(&data, &["-n"]);
+    assert_eq!(code, Some(4), "{out}");
+    for want in [
+        "nlink 7, expected 1",
+        "names a missing inode",
+        "no entry names it",
+        "records 5 bytes allocated",
+    ] {
+        assert!(out.contains(want), "fsck -n must report {want:?}:\n{out}");
+    }
+    let (code, out) = fsck(&data, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    let (code, out) = fsck(&data, &[]);
+    assert_eq!(code, Some(0), "a repaired file system checks clean:\n{out}");
+    let daemon = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    let found: Vec<_> = std::fs::read_dir(mnt.join("lost+found")).unwrap().collect();
+    assert_eq!(found.len(), 1);
+    let path = found[0].as_ref().unwrap().path();
+    assert_eq!(std::fs::read(path).unwrap(), b"find me");
+    assert_eq!(
+        std::fs::metadata(mnt.join("counted")).unwrap().len(),
+        100_000
+    );
+    daemon.stop();
+}
+
+#[test]
+fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
+    if !fuse_or_skip("the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    // mount(8) runs /sbin/mount.fuse.tablix SOURCE DIR -o OPTIONS.
+    let helper = dir.path().join("mount.fuse.tablix");
+    std::os::unix::fs::symlink(BIN, &helper).unwrap();
+    let o = Command::new(&helper)
+        .arg(&data)
+        .arg(&mnt)
+        .args(["-o", "rw,nosuid,mode=async,bogus"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("unknown mount option \"bogus\""),
+        "{:?}",
+        text(&o)
+    );
+    let o = Command::new(&helper)
+        .arg(&data)
+        .arg(&mnt)
+        .args(["-o", "rw,noauto,mode=async"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{:?}", text(&o));
+    std::fs::write(mnt.join("via-fstab"), b"mounted by the helper").unwrap();
+    let record = std::fs::read_to_string(data.join("daemon.json")).unwrap();
+    assert!(record.contains("\"pid\""), "{record}");
+    let status = Command::new("umount").arg(&mnt).status().unwrap();
+    assert!(status.success());
+    // The daemon notices and exits, removing its record.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while data.join("daemon.json").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon did not exit after umount"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let daemon = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(mnt.join("via-fstab")).unwrap(),
+        b"mounted by the helper"
+    );
+    let o = sql(
+        &data,
+        &[
+            "-m",
+            "csv",
+            "SELECT path, size FROM files WHERE type = 'file'",
+        ],
+    );
+    assert_eq!(text(&o).0.trim(), "/via-fstab,21");
+    // A second mount on the same point is refused clearly.
+    let other = tempfile::tempdir().unwrap();
+    let e = Daemon::try_start(other.path(), &[mnt.to_str().unwrap()])
+        .err()
+        .unwrap();
+    assert!(e.contains("is busy"), "{e}");
+    daemon.stop();
+}

@@ -1,6 +1,7 @@
 //! `tablix bench`: benchmarks as programs, reporting ratios against a
 //! baseline measured in the same run on the same machine.
 
+mod fs;
 mod hits;
 mod insert;
 mod pcache;
@@ -13,6 +14,7 @@ use crate::cli::{BenchArgs, BenchWhich};
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchWhich::Insert(a) => insert::run(a),
+        BenchWhich::Fs(a) => fs::run(a),
         BenchWhich::Pcache(a) => pcache::run(a),
         BenchWhich::PcacheWorker(a) => pcache::worker(a),
     }

@@ -1,0 +1,826 @@
+//! Applying an [`FsOp`] to the database. Runs on the store's writer inside
+//! the Command's savepoint: on `Err` the caller rolls the savepoint back, so
+//! an operation either happens whole or not at all.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::errno::Errno;
+use crate::inode::{attr, check_new_name, child, directory, parent_of};
+use crate::op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
+use crate::schema::{
+    BLOCK_SIZE, LINK_MAX, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_VALUE_MAX, block_key,
+};
+
+const S_IFMT: u32 = libc::S_IFMT;
+const S_IFDIR: u32 = libc::S_IFDIR;
+const S_IFREG: u32 = libc::S_IFREG;
+const S_IFLNK: u32 = libc::S_IFLNK;
+const LAST_INDEX: u64 = (1 << crate::schema::BLOCK_INDEX_BITS) - 1;
+
+/// Applies `op` at time `now` (nanoseconds since the epoch).
+pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, Errno> {
+    match op {
+        FsOp::Mount { uid, gid } => mount(conn, now, *uid, *gid),
+        FsOp::MakeNode {
+            parent,
+            name,
+            mode,
+            rdev,
+            uid,
+            gid,
+        } => make_node(conn, now, *parent, name, *mode, *rdev, *uid, *gid).map(FsReply::Attr),
+        FsOp::Symlink {
+            parent,
+            name,
+            target,
+            uid,
+            gid,
+        } => symlink(conn, now, *parent, name, target, *uid, *gid).map(FsReply::Attr),
+        FsOp::Link { ino, parent, name } => link(conn, now, *ino, *parent, name).map(FsReply::Attr),
+        FsOp::Unlink { parent, name } => unlink(conn, now, *parent, name),
+        FsOp::Rmdir { parent, name } => rmdir(conn, now, *parent, name),
+        FsOp::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+        } => rename(conn, now, *parent, name, *new_parent, new_name, *flags),
+        FsOp::SetAttr { ino, attr } => set_attr(conn, now, *ino, attr).map(FsReply::Attr),
+        FsOp::Write {
+            ino,
+            offset,
+            data,
+            kill_suidgid,
+        } => write(conn, now, *ino, *offset, data, *kill_suidgid),
+        FsOp::Fallocate {
+            ino,
+            offset,
+            length,
+            mode,
+        } => fallocate(conn, now, *ino, *offset, *length, *mode),
+        FsOp::SetXattr {
+            ino,
+            name,
+            value,
+            flags,
+        } => set_xattr(conn, now, *ino, name, value, *flags),
+        FsOp::RemoveXattr { ino, name } => remove_xattr(conn, now, *ino, name),
+        FsOp::Reclaim { inodes } => {
+            for &ino in inodes {
+                reclaim(conn, ino)?;
+            }
+            Ok(FsReply::Done)
+        }
+        FsOp::Check { repair } => crate::check::check(conn, now, *repair).map(FsReply::Checked),
+    }
+}
+
+fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, Errno> {
+    // A root whose birth time is 0 was never mounted.
+    conn.prepare_cached(
+        "UPDATE tablix_inode SET uid = ?1, gid = ?2, atime_ns = ?3, mtime_ns = ?3,
+             ctime_ns = ?3, btime_ns = ?3
+         WHERE ino = 1 AND btime_ns = 0",
+    )?
+    .execute(params![uid, gid, now])?;
+    let orphans: Vec<i64> = conn
+        .prepare_cached("SELECT ino FROM tablix_inode WHERE nlink = 0")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for ino in orphans {
+        reclaim(conn, ino as u64)?;
+    }
+    Ok(FsReply::Done)
+}
+
+/// Frees `ino` if no entry names it any more.
+fn reclaim(conn: &Connection, ino: Ino) -> Result<(), Errno> {
+    let gone = conn
+        .prepare_cached("DELETE FROM tablix_inode WHERE ino = ?1 AND nlink = 0")?
+        .execute(params![ino as i64])?;
+    if gone == 0 {
+        return Ok(());
+    }
+    delete_blocks_from(conn, ino, 0)?;
+    conn.prepare_cached("DELETE FROM tablix_symlink WHERE ino = ?1")?
+        .execute(params![ino as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_xattr WHERE ino = ?1")?
+        .execute(params![ino as i64])?;
+    Ok(())
+}
+
+fn touch_dir(conn: &Connection, ino: Ino, now: i64, nlink_delta: i64) -> Result<(), Errno> {
+    conn.prepare_cached(
+        "UPDATE tablix_inode SET mtime_ns = ?2, ctime_ns = ?2, nlink = nlink + ?3 WHERE ino = ?1",
+    )?
+    .execute(params![ino as i64, now, nlink_delta])?;
+    Ok(())
+}
+
+fn change_links(conn: &Connection, ino: Ino, now: i64, delta: i64) -> Result<(), Errno> {
+    conn.prepare_cached(
+        "UPDATE tablix_inode SET nlink = max(nlink + ?2, 0), ctime_ns = ?3 WHERE ino = ?1",
+    )?
+    .execute(params![ino as i64, delta, now])?;
+    Ok(())
+}
+
+fn add_entry(conn: &Connection, parent: Ino, name: &[u8], ino: Ino) -> Result<(), Errno> {
+    conn.prepare_cached("INSERT INTO tablix_dirent(parent, name, ino) VALUES (?1, ?2, ?3)")?
+        .execute(params![parent as i64, name, ino as i64])?;
+    Ok(())
+}
+
+/// Checks that `name` may be created in `parent`; returns the directory.
+fn creatable(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+    let dir = directory(conn, parent)?;
+    check_new_name(name)?;
+    if child(conn, parent, name)?.is_some() {
+        return Err(Errno::EEXIST);
+    }
+    Ok(dir)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert_inode(
+    conn: &Connection,
+    now: i64,
+    mode: u32,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    size: u64,
+) -> Result<Ino, Errno> {
+    conn.prepare_cached(
+        "INSERT INTO tablix_inode(mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, btime_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?7)",
+    )?
+    .execute(params![mode, nlink, uid, gid, rdev, size as i64, now])?;
+    Ok(conn.last_insert_rowid() as u64)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn make_node(
+    conn: &Connection,
+    now: i64,
+    parent: Ino,
+    name: &[u8],
+    mode: u32,
+    rdev: u32,
+    uid: u32,
+    gid: u32,
+) -> Result<Attr, Errno> {
+    let dir = creatable(conn, parent, name)?;
+    let kind = match mode & S_IFMT {
+        0 => S_IFREG,
+        k @ (libc::S_IFREG
+        | libc::S_IFDIR
+        | libc::S_IFIFO
+        | libc::S_IFSOCK
+        | libc::S_IFCHR
+        | libc::S_IFBLK) => k,
+        _ => return Err(Errno::EINVAL),
+    };
+    let mut mode = kind | (mode & 0o7777);
+    let mut gid = gid;
+    if dir.mode & libc::S_ISGID != 0 {
+        // A set-group-ID directory gives its group to what is created in
+        // it, and its set-group-ID bit to subdirectories.
+        gid = dir.gid;
+        if kind == S_IFDIR {
+            mode |= libc::S_ISGID;
+        }
+    }
+    let is_dir = kind == S_IFDIR;
+    if is_dir && dir.nlink >= LINK_MAX {
+        return Err(Errno::EMLINK);
+    }
+    let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) {
+        rdev
+    } else {
+        0
+    };
+    let ino = insert_inode(
+        conn,
+        now,
+        mode,
+        if is_dir { 2 } else { 1 },
+        uid,
+        gid,
+        rdev,
+        0,
+    )?;
+    add_entry(conn, parent, name, ino)?;
+    touch_dir(conn, parent, now, i64::from(is_dir))?;
+    attr(conn, ino)
+}
+
+fn symlink(
+    conn: &Connection,
+    now: i64,
+    parent: Ino,
+    name: &[u8],
+    target: &[u8],
+    uid: u32,
+    gid: u32,
+) -> Result<Attr, Errno> {
+    let dir = creatable(conn, parent, name)?;
+    if target.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    if target.len() > SYMLINK_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    let gid = if dir.mode & libc::S_ISGID != 0 {
+        dir.gid
+    } else {
+        gid
+    };
+    let ino = insert_inode(
+        conn,
+        now,
+        S_IFLNK | 0o777,
+        1,
+        uid,
+        gid,
+        0,
+        target.len() as u64,
+    )?;
+    conn.prepare_cached("INSERT INTO tablix_symlink(ino, target) VALUES (?1, ?2)")?
+        .execute(params![ino as i64, target])?;
+    add_entry(conn, parent, name, ino)?;
+    touch_dir(conn, parent, now, 0)?;
+    attr(conn, ino)
+}
+
+fn link(conn: &Connection, now: i64, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+    let target = attr(conn, ino)?;
+    if target.is_dir() {
+        return Err(Errno::EPERM);
+    }
+    if target.nlink == 0 {
+        // An unlinked file cannot get a name back (linkat of an O_TMPFILE
+        // aside, which this file system does not offer).
+        return Err(Errno::ENOENT);
+    }
+    if target.nlink >= LINK_MAX {
+        return Err(Errno::EMLINK);
+    }
+    creatable(conn, parent, name)?;
+    add_entry(conn, parent, name, ino)?;
+    change_links(conn, ino, now, 1)?;
+    touch_dir(conn, parent, now, 0)?;
+    attr(conn, ino)
+}
+
+fn remove_entry(conn: &Connection, id: i64) -> Result<(), Errno> {
+    conn.prepare_cached("DELETE FROM tablix_dirent WHERE id = ?1")?
+        .execute(params![id])?;
+    Ok(())
+}
+
+fn unlink(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+    directory(conn, parent)?;
+    crate::inode::check_lookup_name(name)?;
+    let (id, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    if attr(conn, ino)?.is_dir() {
+        return Err(Errno::EISDIR);
+    }
+    remove_entry(conn, id)?;
+    // At nlink 0 the inode stays until the kernel forgets it (Reclaim), so
+    // an open file stays readable until its last close.
+    change_links(conn, ino, now, -1)?;
+    touch_dir(conn, parent, now, 0)?;
+    Ok(FsReply::Done)
+}
+
+fn is_empty_dir(conn: &Connection, ino: Ino) -> Result<bool, Errno> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM tablix_dirent WHERE parent = ?1 LIMIT 1")?
+        .query_row(params![ino as i64], |_| Ok(()))
+        .optional()?
+        .is_none())
+}
+
+fn rmdir(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+    directory(conn, parent)?;
+    crate::inode::check_lookup_name(name)?;
+    if name == b"." {
+        return Err(Errno::EINVAL);
+    }
+    if name == b".." {
+        return Err(Errno::ENOTEMPTY);
+    }
+    let (id, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    if !attr(conn, ino)?.is_dir() {
+        return Err(Errno::ENOTDIR);
+    }
+    if !is_empty_dir(conn, ino)? {
+        return Err(Errno::ENOTEMPTY);
+    }
+    remove_entry(conn, id)?;
+    change_links(conn, ino, now, -2)?;
+    touch_dir(conn, parent, now, -1)?;
+    Ok(FsReply::Done)
+}
+
+/// Whether `dir` is `ancestor` or lies below it.
+fn is_within(conn: &Connection, mut dir: Ino, ancestor: Ino) -> Result<bool, Errno> {
+    loop {
+        if dir == ancestor {
+            return Ok(true);
+        }
+        if dir == ROOT {
+            return Ok(false);
+        }
+        dir = parent_of(conn, dir)?;
+    }
+}
+
+fn rename(
+    conn: &Connection,
+    now: i64,
+    parent: Ino,
+    name: &[u8],
+    new_parent: Ino,
+    new_name: &[u8],
+    flags: u32,
+) -> Result<FsReply, Errno> {
+    let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+    let exchange = flags & libc::RENAME_EXCHANGE != 0;
+    if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if noreplace && exchange {
+        return Err(Errno::EINVAL);
+    }
+    directory(conn, parent)?;
+    directory(conn, new_parent)?;
+    crate::inode::check_lookup_name(name)?;
+    check_new_name(new_name).map_err(|e| match e {
+        // `.` and `..` as a target name are busy, not existing entries.
+        Errno::EEXIST => Errno::EBUSY,
+        e => e,
+    })?;
+    if name == b"." || name == b".." {
+        return Err(Errno::EBUSY);
+    }
+    let (src_id, src_ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    let src = attr(conn, src_ino)?;
+    let dst = child(conn, new_parent, new_name)?;
+    if exchange {
+        let (dst_id, dst_ino) = dst.ok_or(Errno::ENOENT)?;
+        if dst_ino == src_ino {
+            return Ok(FsReply::Done);
+        }
+        let dst_attr = attr(conn, dst_ino)?;
+        if parent != new_parent {
+            if src.is_dir() && is_within(conn, new_parent, src_ino)? {
+                return Err(Errno::EINVAL);
+            }
+            if dst_attr.is_dir() && is_within(conn, parent, dst_ino)? {
+                return Err(Errno::EINVAL);
+            }
+        }
+        let set = conn.prepare_cached("UPDATE tablix_dirent SET ino = ?2 WHERE id = ?1");
+        set?.execute(params![src_id, dst_ino as i64])?;
+        conn.prepare_cached("UPDATE tablix_dirent SET ino = ?2 WHERE id = ?1")?
+            .execute(params![dst_id, src_ino as i64])?;
+        let moved = i64::from(src.is_dir()) - i64::from(dst_attr.is_dir());
+        if parent != new_parent {
+            touch_dir(conn, parent, now, -moved)?;
+            touch_dir(conn, new_parent, now, moved)?;
+        } else {
+            touch_dir(conn, parent, now, 0)?;
+        }
+        change_links(conn, src_ino, now, 0)?;
+        change_links(conn, dst_ino, now, 0)?;
+        return Ok(FsReply::Done);
+    }
+    if let Some((dst_id, dst_ino)) = dst {
+        if noreplace {
+            return Err(Errno::EEXIST);
+        }
+        if dst_ino == src_ino {
+            // Two names of one file: rename does nothing.
+            return Ok(FsReply::Done);
+        }
+        let dst_attr = attr(conn, dst_ino)?;
+        match (src.is_dir(), dst_attr.is_dir()) {
+            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR),
+            (true, true) if !is_empty_dir(conn, dst_ino)? => return Err(Errno::ENOTEMPTY),
+            _ => {}
+        }
+        if src.is_dir() && is_within(conn, new_parent, src_ino)? {
+            return Err(Errno::EINVAL);
+        }
+        remove_entry(conn, dst_id)?;
+        if dst_attr.is_dir() {
+            change_links(conn, dst_ino, now, -2)?;
+            touch_dir(conn, new_parent, now, -1)?;
+        } else {
+            change_links(conn, dst_ino, now, -1)?;
+        }
+    } else if noreplace && new_parent == parent && new_name == name {
+        return Err(Errno::EEXIST);
+    } else if src.is_dir() && is_within(conn, new_parent, src_ino)? {
+        return Err(Errno::EINVAL);
+    }
+    conn.prepare_cached("UPDATE tablix_dirent SET parent = ?2, name = ?3 WHERE id = ?1")?
+        .execute(params![src_id, new_parent as i64, new_name])?;
+    let moved = i64::from(src.is_dir() && parent != new_parent);
+    touch_dir(conn, parent, now, -moved)?;
+    touch_dir(conn, new_parent, now, moved)?;
+    change_links(conn, src_ino, now, 0)?;
+    Ok(FsReply::Done)
+}
+
+fn resolve(t: SetTime, now: i64) -> i64 {
+    match t {
+        SetTime::Now => now,
+        SetTime::At(ns) => ns,
+    }
+}
+
+fn set_attr(conn: &Connection, now: i64, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+    let old = attr(conn, ino)?;
+    let mut new = old;
+    if let Some(size) = set.size {
+        match old.file_type() {
+            S_IFREG => {}
+            S_IFDIR => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        new.allocated = truncate(conn, ino, old.size, size, old.allocated)?;
+        new.size = size;
+        new.mtime_ns = now;
+        new.ctime_ns = now;
+    }
+    if let Some(mode) = set.mode {
+        new.mode = (old.mode & S_IFMT) | (mode & 0o7777);
+        new.ctime_ns = now;
+    }
+    if let Some(uid) = set.uid {
+        new.uid = uid;
+        new.ctime_ns = now;
+    }
+    if let Some(gid) = set.gid {
+        new.gid = gid;
+        new.ctime_ns = now;
+    }
+    if (set.uid.is_some() || set.gid.is_some()) && !old.is_dir() && set.mode.is_none() {
+        // Linux drops these on every chown of a non-directory, root's too.
+        new.mode = kill_suidgid(new.mode);
+    }
+    if let Some(t) = set.atime {
+        new.atime_ns = resolve(t, now);
+        new.ctime_ns = now;
+    }
+    if let Some(t) = set.mtime {
+        new.mtime_ns = resolve(t, now);
+        new.ctime_ns = now;
+    }
+    if let Some(t) = set.ctime {
+        new.ctime_ns = t;
+    }
+    store_attr(conn, &new)?;
+    Ok(new)
+}
+
+fn store_attr(conn: &Connection, a: &Attr) -> Result<(), Errno> {
+    conn.prepare_cached(
+        "UPDATE tablix_inode SET mode = ?2, uid = ?3, gid = ?4, size = ?5, allocated = ?6,
+             atime_ns = ?7, mtime_ns = ?8, ctime_ns = ?9
+         WHERE ino = ?1",
+    )?
+    .execute(params![
+        a.ino as i64,
+        a.mode,
+        a.uid,
+        a.gid,
+        a.size as i64,
+        a.allocated as i64,
+        a.atime_ns,
+        a.mtime_ns,
+        a.ctime_ns
+    ])?;
+    Ok(())
+}
+
+/// Deletes every block of `ino` from index `first` on; returns the bytes
+/// they held.
+fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, Errno> {
+    if first > LAST_INDEX {
+        return Ok(0);
+    }
+    let (lo, hi) = (block_key(ino, first), block_key(ino, LAST_INDEX));
+    let freed: i64 = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(length(data)), 0) FROM tablix_block WHERE id BETWEEN ?1 AND ?2",
+        )?
+        .query_row(params![lo, hi], |r| r.get(0))?;
+    conn.prepare_cached("DELETE FROM tablix_block WHERE id BETWEEN ?1 AND ?2")?
+        .execute(params![lo, hi])?;
+    Ok(freed as u64)
+}
+
+/// Changes the stored bytes for a size change from `old` to `new`; returns
+/// the new allocation. Invariant kept: no stored byte lies at or past the
+/// size, so growing a file later reads zeros there.
+fn truncate(conn: &Connection, ino: Ino, old: u64, new: u64, allocated: u64) -> Result<u64, Errno> {
+    if new >= old {
+        return Ok(allocated);
+    }
+    let first_gone = new.div_ceil(BLOCK_SIZE);
+    let mut freed = delete_blocks_from(conn, ino, first_gone)?;
+    let keep = new % BLOCK_SIZE;
+    if keep != 0 {
+        let key = block_key(ino, new / BLOCK_SIZE);
+        let len: Option<i64> = conn
+            .prepare_cached("SELECT length(data) FROM tablix_block WHERE id = ?1")?
+            .query_row(params![key], |r| r.get(0))
+            .optional()?;
+        if let Some(len) = len
+            && len as u64 > keep
+        {
+            conn.prepare_cached(
+                "UPDATE tablix_block SET data = substr(data, 1, ?2) WHERE id = ?1",
+            )?
+            .execute(params![key, keep as i64])?;
+            freed += len as u64 - keep;
+        }
+    }
+    Ok(allocated.saturating_sub(freed))
+}
+
+fn regular_file(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+    let a = attr(conn, ino)?;
+    match a.file_type() {
+        S_IFREG => Ok(a),
+        S_IFDIR => Err(Errno::EISDIR),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn load_block(conn: &Connection, key: i64) -> Result<Option<Vec<u8>>, Errno> {
+    Ok(conn
+        .prepare_cached("SELECT data FROM tablix_block WHERE id = ?1")?
+        .query_row(params![key], |r| r.get::<_, Vec<u8>>(0))
+        .optional()?)
+}
+
+fn block_len(conn: &Connection, key: i64) -> Result<u64, Errno> {
+    Ok(conn
+        .prepare_cached("SELECT length(data) FROM tablix_block WHERE id = ?1")?
+        .query_row(params![key], |r| r.get::<_, i64>(0))
+        .optional()?
+        .unwrap_or(0) as u64)
+}
+
+fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
+    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data) VALUES (?1, ?2)")?
+        .execute(params![key, data])?;
+    Ok(())
+}
+
+/// Writes `data` at `offset` of block range; returns the change in bytes
+/// allocated.
+fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<i64, Errno> {
+    let end = offset + data.len() as u64;
+    let mut delta = 0i64;
+    let mut pos = offset;
+    while pos < end {
+        let index = pos / BLOCK_SIZE;
+        let start = index * BLOCK_SIZE;
+        let lo = (pos - start) as usize;
+        let hi = (end.min(start + BLOCK_SIZE) - start) as usize;
+        let piece = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
+        let key = block_key(ino, index);
+        if lo == 0 && hi as u64 == BLOCK_SIZE {
+            delta += BLOCK_SIZE as i64 - block_len(conn, key)? as i64;
+            store_block(conn, key, piece)?;
+        } else {
+            let mut block = load_block(conn, key)?.unwrap_or_default();
+            let before = block.len() as i64;
+            if block.len() < hi {
+                block.resize(hi, 0);
+            }
+            block[lo..hi].copy_from_slice(piece);
+            delta += block.len() as i64 - before;
+            store_block(conn, key, &block)?;
+        }
+        pos = start + hi as u64;
+    }
+    Ok(delta)
+}
+
+/// Drops set-user-ID, and set-group-ID when group-executable: what a write
+/// without CAP_FSETID and any change of owner do to a file.
+fn kill_suidgid(mode: u32) -> u32 {
+    let mut mode = mode & !libc::S_ISUID;
+    if mode & libc::S_IXGRP != 0 {
+        mode &= !libc::S_ISGID;
+    }
+    mode
+}
+
+fn write(
+    conn: &Connection,
+    now: i64,
+    ino: Ino,
+    offset: u64,
+    data: &[u8],
+    kill_privs: bool,
+) -> Result<FsReply, Errno> {
+    let mut a = regular_file(conn, ino)?;
+    if kill_privs {
+        a.mode = kill_suidgid(a.mode);
+    }
+    let end = offset
+        .checked_add(data.len() as u64)
+        .filter(|&e| e <= MAX_FILE_SIZE)
+        .ok_or(Errno::EFBIG)?;
+    if data.is_empty() {
+        return Ok(FsReply::Written(0));
+    }
+    let delta = write_range(conn, ino, offset, data)?;
+    a.allocated = (a.allocated as i64 + delta).max(0) as u64;
+    a.size = a.size.max(end);
+    a.mtime_ns = now;
+    a.ctime_ns = now;
+    store_attr(conn, &a)?;
+    Ok(FsReply::Written(data.len() as u32))
+}
+
+/// Zeroes `[from, to)` of stored data: whole blocks go, partial ones are
+/// overwritten with zeros where they hold bytes. Returns the allocation
+/// change.
+fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
+    let mut delta = 0i64;
+    let mut pos = from;
+    while pos < to {
+        let index = pos / BLOCK_SIZE;
+        let start = index * BLOCK_SIZE;
+        let lo = (pos - start) as usize;
+        let hi = (to.min(start + BLOCK_SIZE) - start) as usize;
+        let key = block_key(ino, index);
+        if let Some(mut block) = load_block(conn, key)? {
+            if lo == 0 && (hi as u64 == BLOCK_SIZE || hi >= block.len()) {
+                delta -= block.len() as i64;
+                conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
+                    .execute(params![key])?;
+            } else if lo < block.len() {
+                let top = hi.min(block.len());
+                block[lo..top].fill(0);
+                store_block(conn, key, &block)?;
+            }
+        }
+        pos = start + hi as u64;
+    }
+    Ok(delta)
+}
+
+/// Materialises zero-filled storage for `[from, to)` where it is missing.
+fn allocate_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
+    let mut delta = 0i64;
+    let mut index = from / BLOCK_SIZE;
+    while index * BLOCK_SIZE < to {
+        let start = index * BLOCK_SIZE;
+        let want = (to.min(start + BLOCK_SIZE) - start) as usize;
+        let key = block_key(ino, index);
+        let mut block = load_block(conn, key)?.unwrap_or_default();
+        if block.len() < want {
+            delta += (want - block.len()) as i64;
+            block.resize(want, 0);
+            store_block(conn, key, &block)?;
+        }
+        index += 1;
+    }
+    Ok(delta)
+}
+
+fn fallocate(
+    conn: &Connection,
+    now: i64,
+    ino: Ino,
+    offset: u64,
+    length: u64,
+    mode: i32,
+) -> Result<FsReply, Errno> {
+    const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+    const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+    const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
+    if mode & !(KEEP_SIZE | PUNCH_HOLE | ZERO_RANGE) != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if mode & PUNCH_HOLE != 0 && (mode & KEEP_SIZE == 0 || mode & ZERO_RANGE != 0) {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if length == 0 {
+        return Err(Errno::EINVAL);
+    }
+    let mut a = regular_file(conn, ino)?;
+    let end = offset
+        .checked_add(length)
+        .filter(|&e| e <= MAX_FILE_SIZE)
+        .ok_or(Errno::EFBIG)?;
+    let keep_size = mode & KEEP_SIZE != 0;
+    let delta = if mode & (PUNCH_HOLE | ZERO_RANGE) != 0 {
+        zero_range(conn, ino, offset, end.min(a.size))?
+    } else {
+        let limit = if keep_size { end.min(a.size) } else { end };
+        if offset < limit {
+            allocate_range(conn, ino, offset, limit)?
+        } else {
+            0
+        }
+    };
+    a.allocated = (a.allocated as i64 + delta).max(0) as u64;
+    if !keep_size && end > a.size {
+        a.size = end;
+        a.mtime_ns = now;
+    }
+    if mode & (PUNCH_HOLE | ZERO_RANGE) != 0 {
+        a.mtime_ns = now;
+    }
+    a.ctime_ns = now;
+    store_attr(conn, &a)?;
+    Ok(FsReply::Done)
+}
+
+/// Checks an extended attribute name for `a`.
+pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), Errno> {
+    if name.is_empty() || name.len() > NAME_MAX {
+        return Err(Errno::ERANGE);
+    }
+    let known = [&b"user."[..], b"trusted.", b"security."];
+    if !known
+        .iter()
+        .any(|p| name.starts_with(p) && name.len() > p.len())
+    {
+        // system.* (POSIX ACLs) and unknown namespaces are not offered.
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
+fn xattr_exists(conn: &Connection, ino: Ino, name: &[u8]) -> Result<bool, Errno> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
+        .query_row(params![ino as i64, name], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+fn set_xattr(
+    conn: &Connection,
+    now: i64,
+    ino: Ino,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> Result<FsReply, Errno> {
+    let a = attr(conn, ino)?;
+    check_xattr_name(name)?;
+    if value.len() > XATTR_VALUE_MAX {
+        return Err(Errno::E2BIG);
+    }
+    if name.starts_with(b"user.") && !matches!(a.file_type(), S_IFREG | S_IFDIR) {
+        return Err(Errno::EPERM);
+    }
+    if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let exists = xattr_exists(conn, ino, name)?;
+    if flags & libc::XATTR_CREATE != 0 && exists {
+        return Err(Errno::EEXIST);
+    }
+    if flags & libc::XATTR_REPLACE != 0 && !exists {
+        return Err(Errno::ENODATA);
+    }
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO tablix_xattr(ino, name, value) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![ino as i64, name, value])?;
+    change_links(conn, ino, now, 0)?;
+    Ok(FsReply::Done)
+}
+
+fn remove_xattr(conn: &Connection, now: i64, ino: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+    attr(conn, ino)?;
+    check_xattr_name(name)?;
+    let n = conn
+        .prepare_cached("DELETE FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
+        .execute(params![ino as i64, name])?;
+    if n == 0 {
+        return Err(Errno::ENODATA);
+    }
+    change_links(conn, ino, now, 0)?;
+    Ok(FsReply::Done)
+}

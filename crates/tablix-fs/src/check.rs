@@ -1,0 +1,320 @@
+//! The file-system checker: verifies the invariants the operations keep and,
+//! when asked, repairs what can be repaired without guessing.
+//!
+//! Invariants checked (each finding names the one it saw broken):
+//! 1. The database passes `PRAGMA integrity_check`.
+//! 2. Every directory entry's parent is an existing directory.
+//! 3. Every directory entry names an existing inode.
+//! 4. A non-directory's nlink is the number of entries naming it; a
+//!    directory's is 2 plus its subdirectories (0 once removed).
+//! 5. Every inode but the root is named by an entry, or has nlink 0 (open
+//!    but unlinked when the daemon stopped; reclaimed at the next mount).
+//! 6. Only regular files have data blocks; no stored byte lies at or past a
+//!    file's size, and `allocated` is the bytes its blocks hold.
+//! 7. A symlink has its target and nothing else has one.
+
+use rusqlite::{Connection, params};
+
+use crate::errno::Errno;
+use crate::op::{Ino, ROOT};
+use crate::schema::{BLOCK_INDEX_BITS, BLOCK_SIZE};
+
+/// What a check found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    /// One line per problem found.
+    pub problems: Vec<String>,
+    /// One line per repair made.
+    pub repairs: Vec<String>,
+    /// Problems that were found but not repaired.
+    pub unrepaired: usize,
+    pub inodes: u64,
+    pub entries: u64,
+    pub blocks: u64,
+}
+
+impl Report {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+fn all<T: rusqlite::types::FromSql>(conn: &Connection, sql: &str) -> rusqlite::Result<Vec<T>> {
+    let mut st = conn.prepare(sql)?;
+    let rows = st.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// Checks the file system; with `repair`, fixes what it safely can. Run on
+/// the store's writer inside a Command, so repairs are one transaction.
+pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno> {
+    let mut r = Report::default();
+    let integrity: Vec<String> = all(conn, "PRAGMA integrity_check")?;
+    if integrity != ["ok"] {
+        for line in integrity {
+            r.problems.push(format!("1: integrity_check: {line}"));
+            r.unrepaired += 1;
+        }
+        // Row-level repairs on a damaged b-tree could make things worse.
+        return Ok(r);
+    }
+
+    let bad_parent: Vec<i64> = all(
+        conn,
+        "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode p ON p.ino = d.parent
+         WHERE p.ino IS NULL OR (p.mode & 61440) != 16384",
+    )?;
+    for id in bad_parent {
+        r.problems.push(format!(
+            "2: entry {id} is in a missing or non-directory parent"
+        ));
+        if repair {
+            conn.execute("DELETE FROM tablix_dirent WHERE id = ?1", params![id])?;
+            r.repairs.push(format!("removed entry {id}"));
+        }
+    }
+    let dangling: Vec<i64> = all(
+        conn,
+        "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode i ON i.ino = d.ino WHERE i.ino IS NULL",
+    )?;
+    for id in dangling {
+        r.problems
+            .push(format!("3: entry {id} names a missing inode"));
+        if repair {
+            conn.execute("DELETE FROM tablix_dirent WHERE id = ?1", params![id])?;
+            r.repairs.push(format!("removed dangling entry {id}"));
+        }
+    }
+
+    // Inodes no entry names: open-but-unlinked ones are expected (nlink 0);
+    // others are lost and go to /lost+found.
+    let unnamed: Vec<(i64, i64, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT i.ino, i.nlink, i.mode FROM tablix_inode i
+             WHERE i.ino != 1 AND NOT EXISTS (SELECT 1 FROM tablix_dirent d WHERE d.ino = i.ino)",
+        )?;
+        let rows = st.query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for (ino, nlink, mode) in unnamed {
+        if nlink == 0 {
+            r.problems.push(format!(
+                "5: inode {ino} is unlinked but not yet reclaimed (it was open at shutdown)"
+            ));
+            if repair {
+                crate::apply(
+                    conn,
+                    now,
+                    &crate::FsOp::Reclaim {
+                        inodes: vec![ino as u64],
+                    },
+                )?;
+                r.repairs.push(format!("reclaimed inode {ino}"));
+            }
+        } else {
+            r.problems.push(format!(
+                "5: inode {ino} has nlink {nlink} but no entry names it"
+            ));
+            if repair {
+                let dir = lost_and_found(conn, now)?;
+                let name = format!("#{ino}");
+                conn.execute(
+                    "INSERT INTO tablix_dirent(parent, name, ino) VALUES (?1, ?2, ?3)",
+                    params![dir as i64, name.as_bytes(), ino],
+                )?;
+                if (mode as u32 & libc::S_IFMT) == libc::S_IFDIR {
+                    conn.execute(
+                        "UPDATE tablix_inode SET nlink = nlink + 1 WHERE ino = ?1",
+                        params![dir as i64],
+                    )?;
+                }
+                r.repairs
+                    .push(format!("linked inode {ino} as /lost+found/{name}"));
+            }
+        }
+    }
+
+    // Link counts, after the entries are repaired.
+    let links: Vec<(i64, i64, i64, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT i.ino, i.nlink,
+                    CASE WHEN (i.mode & 61440) = 16384 THEN
+                        CASE WHEN i.ino = 1 OR EXISTS (SELECT 1 FROM tablix_dirent d WHERE d.ino = i.ino)
+                             THEN 2 + (SELECT count(*) FROM tablix_dirent d JOIN tablix_inode c ON c.ino = d.ino
+                                       WHERE d.parent = i.ino AND (c.mode & 61440) = 16384)
+                             ELSE 0 END
+                    ELSE (SELECT count(*) FROM tablix_dirent d WHERE d.ino = i.ino) END,
+                    (SELECT count(*) FROM tablix_dirent d WHERE d.ino = i.ino)
+             FROM tablix_inode i",
+        )?;
+        let rows = st.query_map([], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for (ino, nlink, want, names) in links {
+        if nlink != want {
+            r.problems
+                .push(format!("4: inode {ino} has nlink {nlink}, expected {want}"));
+            if repair {
+                conn.execute(
+                    "UPDATE tablix_inode SET nlink = ?2 WHERE ino = ?1",
+                    params![ino, want],
+                )?;
+                r.repairs
+                    .push(format!("set nlink of inode {ino} to {want}"));
+            }
+        }
+        if names > 1 && want > 0 && nlink >= 2 && ino as u64 != ROOT {
+            let is_dir: bool = conn.query_row(
+                "SELECT (mode & 61440) = 16384 FROM tablix_inode WHERE ino = ?1",
+                params![ino],
+                |row| row.get(0),
+            )?;
+            if is_dir {
+                r.problems
+                    .push(format!("4: directory {ino} has {names} entries"));
+                r.unrepaired += 1;
+            }
+        }
+    }
+
+    check_blocks(conn, repair, &mut r)?;
+
+    let bad_links: Vec<i64> = all(
+        conn,
+        "SELECT i.ino FROM tablix_inode i LEFT JOIN tablix_symlink s ON s.ino = i.ino
+         WHERE (i.mode & 61440) = 40960 AND s.ino IS NULL",
+    )?;
+    for ino in bad_links {
+        r.problems.push(format!("7: symlink {ino} has no target"));
+        r.unrepaired += 1;
+    }
+    let stray_targets: Vec<i64> = all(
+        conn,
+        "SELECT s.ino FROM tablix_symlink s LEFT JOIN tablix_inode i ON i.ino = s.ino
+         WHERE i.ino IS NULL OR (i.mode & 61440) != 40960",
+    )?;
+    for ino in stray_targets {
+        r.problems.push(format!(
+            "7: inode {ino} has a symlink target but is not a symlink"
+        ));
+        if repair {
+            conn.execute("DELETE FROM tablix_symlink WHERE ino = ?1", params![ino])?;
+            r.repairs.push(format!("removed the stray target of {ino}"));
+        }
+    }
+    if !repair {
+        r.unrepaired = r.problems.len();
+    }
+    r.inodes = conn.query_row("SELECT count(*) FROM tablix_inode", [], |row| {
+        row.get::<_, i64>(0)
+    })? as u64;
+    r.entries = conn.query_row("SELECT count(*) FROM tablix_dirent", [], |row| {
+        row.get::<_, i64>(0)
+    })? as u64;
+    r.blocks = conn.query_row("SELECT count(*) FROM tablix_block", [], |row| {
+        row.get::<_, i64>(0)
+    })? as u64;
+    Ok(r)
+}
+
+fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), Errno> {
+    // Blocks of missing or non-regular inodes.
+    let stray: Vec<i64> = all(
+        conn,
+        "SELECT b.id FROM tablix_block b LEFT JOIN tablix_inode i ON i.ino = b.ino
+         WHERE i.ino IS NULL OR (i.mode & 61440) != 32768",
+    )?;
+    for id in stray {
+        let ino = id >> BLOCK_INDEX_BITS;
+        r.problems.push(format!(
+            "6: block {} of inode {ino} belongs to no regular file",
+            id & ((1 << BLOCK_INDEX_BITS) - 1)
+        ));
+        if repair {
+            conn.execute("DELETE FROM tablix_block WHERE id = ?1", params![id])?;
+            r.repairs.push(format!("removed block {id}"));
+        }
+    }
+    // Bytes stored past the size.
+    let past: Vec<(i64, i64, i64, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT b.id, b.idx, length(b.data), i.size FROM tablix_block b JOIN tablix_inode i ON i.ino = b.ino
+             WHERE b.idx * ?1 + length(b.data) > i.size",
+        )?;
+        let rows = st.query_map(params![BLOCK_SIZE as i64], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })?;
+        rows.collect::<Result<_, _>>()?
+    };
+    for (id, idx, len, size) in past {
+        let ino = id >> BLOCK_INDEX_BITS;
+        r.problems.push(format!(
+            "6: block {idx} of inode {ino} holds {len} bytes, past the size {size}"
+        ));
+        if repair {
+            let start = idx * BLOCK_SIZE as i64;
+            if start >= size {
+                conn.execute("DELETE FROM tablix_block WHERE id = ?1", params![id])?;
+            } else {
+                conn.execute(
+                    "UPDATE tablix_block SET data = substr(data, 1, ?2) WHERE id = ?1",
+                    params![id, size - start],
+                )?;
+            }
+            r.repairs
+                .push(format!("trimmed block {idx} of inode {ino} to the size"));
+        }
+    }
+    let wrong_alloc: Vec<(i64, i64, i64)> = {
+        let mut st = conn.prepare(
+            "SELECT i.ino, i.allocated,
+                    (SELECT coalesce(sum(length(b.data)), 0) FROM tablix_block b
+                     WHERE b.id BETWEEN i.ino << 24 AND (i.ino << 24) | 16777215)
+             FROM tablix_inode i WHERE (i.mode & 61440) = 32768",
+        )?;
+        let rows = st.query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
+        rows.collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .filter(|(_, a, b)| a != b)
+            .collect()
+    };
+    for (ino, recorded, actual) in wrong_alloc {
+        r.problems.push(format!(
+            "6: inode {ino} records {recorded} bytes allocated, its blocks hold {actual}"
+        ));
+        if repair {
+            conn.execute(
+                "UPDATE tablix_inode SET allocated = ?2 WHERE ino = ?1",
+                params![ino, actual],
+            )?;
+            r.repairs
+                .push(format!("set the allocation of inode {ino} to {actual}"));
+        }
+    }
+    Ok(())
+}
+
+/// The `/lost+found` directory, created if missing.
+fn lost_and_found(conn: &Connection, now: i64) -> Result<Ino, Errno> {
+    if let Some((_, ino)) = crate::inode::child(conn, ROOT, b"lost+found")? {
+        return Ok(ino);
+    }
+    let reply = crate::apply(
+        conn,
+        now,
+        &crate::FsOp::MakeNode {
+            parent: ROOT,
+            name: b"lost+found".to_vec(),
+            mode: libc::S_IFDIR | 0o700,
+            rdev: 0,
+            uid: 0,
+            gid: 0,
+        },
+    )?;
+    match reply {
+        crate::FsReply::Attr(a) => Ok(a.ino),
+        _ => Err(Errno::EIO),
+    }
+}

@@ -1,0 +1,163 @@
+//! File-system operations as data: the body of `Command::Fs`.
+
+use serde::{Deserialize, Serialize};
+
+/// An inode number. 1 is the root directory.
+pub type Ino = u64;
+
+pub const ROOT: Ino = 1;
+
+/// A time an operation sets: the Command's own time, or a given one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    Now,
+    At(i64),
+}
+
+/// Attribute changes of `setattr`; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// Permission bits (07777); the file type never changes.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<i64>,
+}
+
+/// A state change of the file system. Every one is deterministic: times
+/// come from the Command's stamp, inode numbers from the database.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsOp {
+    /// Run at every mount: gives a never-mounted root directory its owner
+    /// and times, and reclaims inodes left unlinked-but-open by the last run.
+    Mount {
+        uid: u32,
+        gid: u32,
+    },
+    /// Creates a regular file, directory, FIFO, socket or device node.
+    /// `mode` carries the type bits (`S_IFMT`) and the permission bits,
+    /// already masked by the caller's umask.
+    MakeNode {
+        parent: Ino,
+        name: Vec<u8>,
+        mode: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink {
+        parent: Ino,
+        name: Vec<u8>,
+        target: Vec<u8>,
+        uid: u32,
+        gid: u32,
+    },
+    Link {
+        ino: Ino,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Unlink {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    /// `flags` are renameat2's: RENAME_NOREPLACE or RENAME_EXCHANGE.
+    Rename {
+        parent: Ino,
+        name: Vec<u8>,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+        flags: u32,
+    },
+    SetAttr {
+        ino: Ino,
+        attr: SetAttr,
+    },
+    /// `kill_suidgid`: the writer lacks CAP_FSETID, so the write drops
+    /// the set-user-ID bit, and the set-group-ID bit of a group-executable
+    /// file, as on every Linux file system.
+    Write {
+        ino: Ino,
+        offset: u64,
+        data: Vec<u8>,
+        kill_suidgid: bool,
+    },
+    /// fallocate(2); `mode` takes FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE
+    /// and FALLOC_FL_ZERO_RANGE.
+    Fallocate {
+        ino: Ino,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    },
+    /// `flags` are setxattr's: XATTR_CREATE or XATTR_REPLACE.
+    SetXattr {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        flags: i32,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    /// Frees the listed inodes that no directory entry names any more
+    /// (nlink 0): the kernel has forgotten them, so nothing can reach them.
+    Reclaim {
+        inodes: Vec<Ino>,
+    },
+    /// Checks the file system's invariants and, with `repair`, fixes what
+    /// it safely can (`tablix fsck`).
+    Check {
+        repair: bool,
+    },
+}
+
+/// The attributes of one inode, as `stat(2)` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    /// Bytes held in data blocks (st_blocks is this over 512).
+    pub allocated: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub btime_ns: i64,
+}
+
+impl Attr {
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR
+    }
+}
+
+/// What an applied operation returns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FsReply {
+    /// The operation changed nothing the caller needs to see.
+    Done,
+    /// The attributes of the inode created, linked or changed.
+    Attr(Attr),
+    /// Bytes written.
+    Written(u32),
+    /// What a check found.
+    Checked(crate::check::Report),
+}

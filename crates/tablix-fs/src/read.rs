@@ -1,0 +1,204 @@
+//! Reads of the file system. Each runs on a reader connection inside one
+//! read transaction (the caller's), so what it returns is one snapshot.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::errno::Errno;
+use crate::inode::{
+    ATTR_COLUMNS, attr, attr_from_row, check_lookup_name, child, directory, parent_of,
+};
+use crate::op::{Attr, Ino};
+use crate::schema::{BLOCK_SIZE, block_key};
+
+pub fn getattr(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+    attr(conn, ino)
+}
+
+/// The inode `name` names in directory `parent`.
+pub fn lookup(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+    check_lookup_name(name)?;
+    let dir = directory(conn, parent)?;
+    match name {
+        b"." => return Ok(dir),
+        b".." => return attr(conn, parent_of(conn, parent)?),
+        _ => {}
+    }
+    let (_, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    attr(conn, ino)
+}
+
+/// One directory entry as readdir returns it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub attr: Attr,
+    /// The offset that resumes the listing after this entry.
+    pub next: u64,
+}
+
+/// Offsets of `.` and `..`; an entry with row id `id` resumes at `id + 2`.
+const DOT_OFFSETS: u64 = 2;
+
+/// Lists directory `dir` from `offset` (0, or an entry's `next`), calling
+/// `emit` until it returns false. Offsets are stable: entries are listed in
+/// the order of their never-reused row ids, so an entry that exists for the
+/// whole listing is returned exactly once however the directory changes.
+pub fn readdir(
+    conn: &Connection,
+    dir: Ino,
+    offset: u64,
+    mut emit: impl FnMut(DirEntry) -> bool,
+) -> Result<(), Errno> {
+    let me = attr(conn, dir)?;
+    if !me.is_dir() {
+        return Err(Errno::ENOTDIR);
+    }
+    if offset == 0
+        && !emit(DirEntry {
+            name: b".".to_vec(),
+            attr: me,
+            next: 1,
+        })
+    {
+        return Ok(());
+    }
+    if offset <= 1 {
+        let up = attr(conn, parent_of(conn, dir)?)?;
+        if !emit(DirEntry {
+            name: b"..".to_vec(),
+            attr: up,
+            next: 2,
+        }) {
+            return Ok(());
+        }
+    }
+    let after = offset.saturating_sub(DOT_OFFSETS) as i64;
+    let mut st = conn.prepare_cached(&format!(
+        "SELECT d.id, d.name, {} FROM tablix_dirent d JOIN tablix_inode i ON i.ino = d.ino
+         WHERE d.parent = ?1 AND d.id > ?2 ORDER BY d.id",
+        ATTR_COLUMNS
+            .split(", ")
+            .map(|c| format!("i.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))?;
+    let mut rows = st.query(params![dir as i64, after])?;
+    while let Some(row) = rows.next()? {
+        let id: i64 = row.get(0)?;
+        let entry = DirEntry {
+            name: row.get(1)?,
+            attr: attr_from_row(row, 2)?,
+            next: id as u64 + DOT_OFFSETS,
+        };
+        if !emit(entry) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Up to `size` bytes of file `ino` from `offset`; holes read as zeros.
+pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    let a = attr(conn, ino)?;
+    if a.is_dir() {
+        return Err(Errno::EISDIR);
+    }
+    if offset >= a.size {
+        return Ok(Vec::new());
+    }
+    let end = a.size.min(offset.saturating_add(u64::from(size)));
+    let mut out = vec![0u8; (end - offset) as usize];
+    let first = offset / BLOCK_SIZE;
+    let last = (end - 1) / BLOCK_SIZE;
+    let mut st =
+        conn.prepare_cached("SELECT id, data FROM tablix_block WHERE id BETWEEN ?1 AND ?2")?;
+    let mut rows = st.query(params![block_key(ino, first), block_key(ino, last)])?;
+    while let Some(row) = rows.next()? {
+        let key: i64 = row.get(0)?;
+        let start = (key as u64 & ((1 << crate::schema::BLOCK_INDEX_BITS) - 1)) * BLOCK_SIZE;
+        let data = row.get_ref(1)?.as_blob().map_err(|_| Errno::EIO)?;
+        let from = offset.max(start);
+        let to = end.min(start + data.len() as u64);
+        if from < to {
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+        }
+    }
+    Ok(out)
+}
+
+pub fn readlink(conn: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
+    let a = attr(conn, ino)?;
+    if a.file_type() != libc::S_IFLNK {
+        return Err(Errno::EINVAL);
+    }
+    conn.prepare_cached("SELECT target FROM tablix_symlink WHERE ino = ?1")?
+        .query_row(params![ino as i64], |r| r.get(0))
+        .optional()?
+        .ok_or(Errno::EIO)
+}
+
+pub fn getxattr(conn: &Connection, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+    attr(conn, ino)?;
+    crate::apply::check_xattr_name(name)?;
+    conn.prepare_cached("SELECT value FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
+        .query_row(params![ino as i64, name], |r| r.get(0))
+        .optional()?
+        .ok_or(Errno::ENODATA)
+}
+
+/// The names of `ino`'s extended attributes, each followed by a NUL.
+pub fn listxattr(conn: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
+    attr(conn, ino)?;
+    let mut out = Vec::new();
+    let mut st =
+        conn.prepare_cached("SELECT name FROM tablix_xattr WHERE ino = ?1 ORDER BY name")?;
+    let mut rows = st.query(params![ino as i64])?;
+    while let Some(row) = rows.next()? {
+        out.extend_from_slice(row.get_ref(0)?.as_blob().map_err(|_| Errno::EIO)?);
+        out.push(0);
+    }
+    Ok(out)
+}
+
+/// lseek's SEEK_DATA and SEEK_HOLE: a stored block is data, a missing one
+/// a hole, and there is an implicit hole at the end of the file.
+pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64, Errno> {
+    let a = attr(conn, ino)?;
+    if offset >= a.size {
+        return Err(Errno::ENXIO);
+    }
+    let first = offset / BLOCK_SIZE;
+    let last = (a.size - 1) / BLOCK_SIZE;
+    let mut st =
+        conn.prepare_cached("SELECT id FROM tablix_block WHERE id BETWEEN ?1 AND ?2 ORDER BY id")?;
+    let keys = st.query_map(params![block_key(ino, first), block_key(ino, last)], |r| {
+        r.get::<_, i64>(0)
+    })?;
+    let mask = (1u64 << crate::schema::BLOCK_INDEX_BITS) - 1;
+    match whence {
+        libc::SEEK_DATA => match keys.into_iter().next() {
+            Some(key) => Ok(((key? as u64 & mask) * BLOCK_SIZE).max(offset)),
+            None => Err(Errno::ENXIO),
+        },
+        libc::SEEK_HOLE => {
+            let mut expect = first;
+            for key in keys {
+                let index = key? as u64 & mask;
+                if index != expect {
+                    break;
+                }
+                expect += 1;
+            }
+            Ok((expect * BLOCK_SIZE).max(offset).min(a.size))
+        }
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// Inodes in use, for statfs.
+pub fn inode_count(conn: &Connection) -> Result<u64, Errno> {
+    Ok(conn
+        .prepare_cached("SELECT count(*) FROM tablix_inode")?
+        .query_row([], |r| r.get::<_, i64>(0))? as u64)
+}

@@ -1,0 +1,121 @@
+//! The file system's tables in the persistent database.
+//!
+//! Data blocks are keyed by one integer, `ino << BLOCK_INDEX_BITS | index`,
+//! so a block is found by a single rowid lookup and a file's blocks are one
+//! contiguous rowid range (truncation and reads are range scans, with no
+//! secondary index to maintain). The generated columns `ino` and `idx` show
+//! the two parts to SQL.
+
+/// Bytes per data block: 64 KiB, chosen by measurement (see DESIGN.md).
+pub const BLOCK_SIZE: u64 = 65536;
+
+/// Bits of the block key that hold the block index.
+pub const BLOCK_INDEX_BITS: u32 = 24;
+
+/// The largest file size: every block index fits in its bits.
+pub const MAX_FILE_SIZE: u64 = BLOCK_SIZE << BLOCK_INDEX_BITS;
+
+/// Longest name of one directory entry, as on every Linux file system.
+pub const NAME_MAX: usize = 255;
+
+/// Longest symlink target (PATH_MAX less its terminating NUL).
+pub const SYMLINK_MAX: usize = 4095;
+
+/// Most hard links one inode may have.
+pub const LINK_MAX: u32 = 65000;
+
+/// Largest extended attribute value (XATTR_SIZE_MAX).
+pub const XATTR_VALUE_MAX: usize = 65536;
+
+/// The key of block `index` of inode `ino`.
+pub fn block_key(ino: u64, index: u64) -> i64 {
+    ((ino << BLOCK_INDEX_BITS) | index) as i64
+}
+
+/// Schema migration creating the file system, with its root directory.
+/// The root gets its owner and times at the first mount (`FsOp::Mount`).
+pub const SCHEMA: &str = "
+CREATE TABLE main.tablix_inode(
+    ino       INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode      INTEGER NOT NULL,
+    nlink     INTEGER NOT NULL,
+    uid       INTEGER NOT NULL,
+    gid       INTEGER NOT NULL,
+    rdev      INTEGER NOT NULL DEFAULT 0,
+    size      INTEGER NOT NULL DEFAULT 0,
+    allocated INTEGER NOT NULL DEFAULT 0,
+    atime_ns  INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    ctime_ns  INTEGER NOT NULL,
+    btime_ns  INTEGER NOT NULL
+) STRICT;
+CREATE INDEX main.tablix_inode_unlinked ON tablix_inode(ino) WHERE nlink = 0;
+CREATE TABLE main.tablix_dirent(
+    id     INTEGER PRIMARY KEY,
+    parent INTEGER NOT NULL,
+    name   BLOB NOT NULL,
+    ino    INTEGER NOT NULL,
+    UNIQUE(parent, name)
+) STRICT;
+CREATE INDEX main.tablix_dirent_parent ON tablix_dirent(parent);
+CREATE INDEX main.tablix_dirent_ino ON tablix_dirent(ino);
+CREATE TABLE main.tablix_block(
+    id   INTEGER PRIMARY KEY,
+    data BLOB NOT NULL,
+    ino  INTEGER AS (id >> 24) VIRTUAL,
+    idx  INTEGER AS (id & 16777215) VIRTUAL
+) STRICT;
+CREATE TABLE main.tablix_symlink(
+    ino    INTEGER PRIMARY KEY,
+    target BLOB NOT NULL
+) STRICT;
+CREATE TABLE main.tablix_xattr(
+    ino   INTEGER NOT NULL,
+    name  BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY(ino, name)
+) STRICT, WITHOUT ROWID;
+INSERT INTO main.tablix_inode(ino, mode, nlink, uid, gid, atime_ns, mtime_ns, ctime_ns, btime_ns)
+    VALUES (1, 16877, 2, 0, 0, 0, 0, 0, 0);
+INSERT INTO main.tablix_meta(key, value) VALUES ('fs_block_size', 65536);
+CREATE VIEW main.files AS
+WITH RECURSIVE walk(ino, path) AS (
+    SELECT 1, '/'
+    UNION ALL
+    SELECT d.ino, CASE WHEN w.path = '/' THEN '/' ELSE w.path || '/' END || CAST(d.name AS TEXT)
+    FROM walk w
+    JOIN tablix_inode p ON p.ino = w.ino AND (p.mode & 61440) = 16384
+    JOIN tablix_dirent d ON d.parent = w.ino
+)
+SELECT w.path AS path,
+       i.ino AS ino,
+       CASE i.mode & 61440
+           WHEN 32768 THEN 'file' WHEN 16384 THEN 'dir' WHEN 40960 THEN 'symlink'
+           WHEN 4096 THEN 'fifo' WHEN 49152 THEN 'socket' WHEN 8192 THEN 'chardev'
+           WHEN 24576 THEN 'blockdev' ELSE 'unknown' END AS type,
+       i.size AS size,
+       printf('%04o', i.mode & 4095) AS mode,
+       i.uid AS uid,
+       i.gid AS gid,
+       i.nlink AS nlink,
+       CAST((SELECT s.target FROM tablix_symlink s WHERE s.ino = i.ino) AS TEXT) AS target,
+       strftime('%Y-%m-%d %H:%M:%f', i.atime_ns / 1e9, 'unixepoch') AS atime,
+       strftime('%Y-%m-%d %H:%M:%f', i.mtime_ns / 1e9, 'unixepoch') AS mtime,
+       strftime('%Y-%m-%d %H:%M:%f', i.ctime_ns / 1e9, 'unixepoch') AS ctime,
+       strftime('%Y-%m-%d %H:%M:%f', i.btime_ns / 1e9, 'unixepoch') AS btime
+FROM walk w JOIN tablix_inode i ON i.ino = w.ino;
+";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_literals_agree_with_the_constants() {
+        assert!(SCHEMA.contains(&format!("('fs_block_size', {BLOCK_SIZE})")));
+        assert!(SCHEMA.contains(&format!("id >> {BLOCK_INDEX_BITS}")));
+        assert!(SCHEMA.contains(&format!("id & {}", (1u64 << BLOCK_INDEX_BITS) - 1)));
+        assert_eq!(MAX_FILE_SIZE, 1 << 40);
+        assert_eq!(block_key(3, 5), (3 << 24) | 5);
+    }
+}

@@ -1,0 +1,62 @@
+//! The one mapping from store failures to the errno a FUSE reply carries.
+
+use tablix_fs::Errno;
+use tablix_store::StoreError;
+
+/// SQLite's message for SQLITE_FULL, which reaches the store's group-commit
+/// errors as text.
+const DISK_FULL: &str = "database or disk is full";
+
+/// The errno for a failure of the store itself (not of the operation).
+pub fn store_errno(e: &StoreError) -> Errno {
+    match e {
+        StoreError::Apply(m) | StoreError::Commit(m) | StoreError::Open(m)
+            if m.contains(DISK_FULL) =>
+        {
+            Errno::ENOSPC
+        }
+        StoreError::Sqlite(e) => Errno::of_sqlite(e),
+        StoreError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => Errno::ENOSPC,
+        _ => Errno::EIO,
+    }
+}
+
+pub fn to_fuser(e: Errno) -> fuser::Errno {
+    fuser::Errno::from_i32(e.code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_failures_map_to_one_errno_each() {
+        let full = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            None,
+        );
+        let table: Vec<(StoreError, Errno)> = vec![
+            (
+                StoreError::Commit("database or disk is full".into()),
+                Errno::ENOSPC,
+            ),
+            (
+                StoreError::Apply("UNIQUE constraint failed".into()),
+                Errno::EIO,
+            ),
+            (StoreError::Closed, Errno::EIO),
+            (StoreError::Sqlite(full), Errno::ENOSPC),
+            (
+                StoreError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+                Errno::ENOSPC,
+            ),
+            (
+                StoreError::Io(std::io::Error::from_raw_os_error(libc::EBADF)),
+                Errno::EIO,
+            ),
+        ];
+        for (err, want) in table {
+            assert_eq!(store_errno(&err), want, "{err}");
+        }
+    }
+}

@@ -1,0 +1,687 @@
+//! The FUSE handlers. Each is thin: an `*_inner` function computes the
+//! result as `Result<_, Errno>` through the store (reads on the reader
+//! pool, changes as `Command::Fs`), and the handler sends exactly one reply.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tablix_fs::{Attr, Errno, FsOp, FsReply, Ino, SetAttr, SetTime, read};
+use tablix_store::{Command, Stamp, Store};
+
+use crate::attr::{file_attr, kind_of, nanos_of};
+use crate::errno::{store_errno, to_fuser};
+
+/// How the mount behaves.
+#[derive(Clone, Debug)]
+pub struct FsConfig {
+    /// Let the kernel cache writes and send them in large batches. Only for
+    /// async mode: in sync mode a write must be durable when it returns.
+    pub writeback_cache: bool,
+    /// How long the kernel may trust attributes and names it was given.
+    /// Every change goes through this mount, so the kernel's caches stay
+    /// coherent; the bound matters only for changes made elsewhere.
+    pub ttl: Duration,
+    /// Largest write the kernel sends in one request.
+    pub max_write: u32,
+    /// The data directory, whose file system statfs reports on.
+    pub data_dir: PathBuf,
+}
+
+pub struct TablixFs {
+    store: Arc<Store>,
+    config: FsConfig,
+    /// Set when the kernel ends the session (the file system was unmounted).
+    ended: Arc<AtomicBool>,
+}
+
+const GENERATION: Generation = Generation(0);
+
+impl TablixFs {
+    pub fn new(store: Arc<Store>, config: FsConfig, ended: Arc<AtomicBool>) -> TablixFs {
+        TablixFs {
+            store,
+            config,
+            ended,
+        }
+    }
+
+    /// Applies `op` as a Command: durable on return in sync mode, applied
+    /// and flushed within the interval in async mode.
+    fn change(&self, op: FsOp) -> Result<FsReply, Errno> {
+        let applied = self
+            .store
+            .apply_fs_now(Stamp::now(), op)
+            .map_err(|e| store_errno(&e))?;
+        applied.fs.unwrap_or(Err(Errno::EIO))
+    }
+
+    fn change_attr(&self, op: FsOp) -> Result<Attr, Errno> {
+        match self.change(op)? {
+            FsReply::Attr(a) => Ok(a),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    fn read<R>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<R, Errno>,
+    ) -> Result<R, Errno> {
+        self.store.read_latest(f).map_err(|e| store_errno(&e))?
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, Errno>) {
+        match r {
+            Ok(a) => reply.entry(&self.config.ttl, &file_attr(&a), GENERATION),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn setattr_inner(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
+        if set == SetAttr::default() {
+            return self.read(|c| read::getattr(c, ino));
+        }
+        self.change_attr(FsOp::SetAttr { ino, attr: set })
+    }
+
+    fn make_node(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+    ) -> Result<Attr, Errno> {
+        self.change_attr(FsOp::MakeNode {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            mode,
+            rdev,
+            uid: req.uid(),
+            gid: req.gid(),
+        })
+    }
+
+    fn fsync_inner(&self) -> Result<(), Errno> {
+        self.store.flush().wait().map_err(|e| store_errno(&e))
+    }
+
+    fn forget_inner(&self, inodes: Vec<Ino>) -> Result<(), Errno> {
+        // Only an unlinked inode is freed; the check on a reader keeps the
+        // common case (an evicted, still-linked inode) off the writer.
+        let unlinked = self.read(|c| {
+            let mut out = Vec::new();
+            for ino in inodes {
+                if read::getattr(c, ino).is_ok_and(|a| a.nlink == 0) {
+                    out.push(ino);
+                }
+            }
+            Ok(out)
+        })?;
+        if unlinked.is_empty() {
+            return Ok(());
+        }
+        let reclaim = FsOp::Reclaim { inodes: unlinked };
+        if self.config.writeback_cache {
+            // Async mode: cheap on this thread.
+            self.change(reclaim).map(|_| ())
+        } else {
+            // Nobody waits on a forget: the writer applies it in a later
+            // group instead of this thread waiting for the commit's fsync.
+            drop(self.store.submit(tablix_store::Stamped::new(
+                Stamp::now(),
+                Command::Fs(reclaim),
+            )));
+            Ok(())
+        }
+    }
+
+    fn statfs_inner(&self) -> Result<Statfs, Errno> {
+        let vfs = nix::sys::statvfs::statvfs(&self.config.data_dir).map_err(|e| Errno(e as i32))?;
+        let files = self.read(read::inode_count)?;
+        let frsize = vfs.fragment_size() as u64;
+        let free_files = vfs.blocks_available() as u64 * frsize / 4096;
+        Ok(Statfs {
+            blocks: vfs.blocks() as u64,
+            free: vfs.blocks_free() as u64,
+            available: vfs.blocks_available() as u64,
+            files: files + free_files,
+            free_files,
+            block_size: frsize as u32,
+        })
+    }
+
+    fn access_inner(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
+        let a = self.read(|c| read::getattr(c, ino))?;
+        let mask = mask.bits() as u32 & 0o7;
+        if mask == 0 {
+            return Ok(());
+        }
+        if req.uid() == 0 {
+            // Root may read and write anything, and execute what has an x bit.
+            let needs_x = mask & 0o1 != 0 && !a.is_dir();
+            return if needs_x && a.mode & 0o111 == 0 {
+                Err(Errno(libc::EACCES))
+            } else {
+                Ok(())
+            };
+        }
+        let granted = if req.uid() == a.uid {
+            (a.mode >> 6) & 0o7
+        } else if req.gid() == a.gid {
+            (a.mode >> 3) & 0o7
+        } else {
+            a.mode & 0o7
+        };
+        if granted & mask == mask {
+            Ok(())
+        } else {
+            Err(Errno(libc::EACCES))
+        }
+    }
+}
+
+/// What statfs reports: the space of the disk under the data directory,
+/// and inodes as used plus what that space could hold at 4 KiB each.
+struct Statfs {
+    blocks: u64,
+    free: u64,
+    available: u64,
+    files: u64,
+    free_files: u64,
+    block_size: u32,
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(nanos_of(t)),
+    }
+}
+
+impl Filesystem for TablixFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let mut wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            // The kernel then trusts this file system to drop set-user-ID
+            // bits on writes (FUSE_WRITE_KILL_SUIDGID) and stops asking
+            // for security.capability before every write.
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+        if self.config.writeback_cache {
+            wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
+        }
+        if let Err(missing) = config.add_capabilities(wanted) {
+            tracing::warn!(
+                "the kernel lacks FUSE capabilities {missing:?}; continuing without them"
+            );
+            let _ = config.add_capabilities(wanted & !missing);
+        }
+        if let Err(limit) = config.set_max_write(self.config.max_write) {
+            let _ = config.set_max_write(limit);
+        }
+        if let Err(limit) = config.set_max_readahead(self.config.max_write) {
+            let _ = config.set_max_readahead(limit);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.ended.store(true, Ordering::Release);
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.read(|c| read::lookup(c, parent.0, name.as_bytes())) {
+            // A missing name is cached by the kernel as a negative entry
+            // (node 0) for the TTL; creating it goes through the kernel,
+            // which replaces that entry.
+            Err(Errno::ENOENT) => {
+                reply.entry(&self.config.ttl, &crate::attr::negative_entry(), GENERATION)
+            }
+            r => self.reply_entry(reply, r),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        if let Err(e) = self.forget_inner(vec![ino.0]) {
+            tracing::warn!("forget of inode {}: {e}", ino.0);
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.read(|c| read::getattr(c, ino.0)) {
+            Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(nanos_of),
+        };
+        match self.setattr_inner(ino.0, set) {
+            Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.read(|c| read::readlink(c, ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.make_node(req, parent, name, mode, rdev);
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.make_node(req, parent, name, libc::S_IFDIR | (mode & 0o7777), 0);
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.change(FsOp::Unlink {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.change(FsOp::Rmdir {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.change_attr(FsOp::Symlink {
+            parent: parent.0,
+            name: link_name.as_bytes().to_vec(),
+            target: target.as_os_str().as_bytes().to_vec(),
+            uid: req.uid(),
+            gid: req.gid(),
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.change(FsOp::Rename {
+            parent: parent.0,
+            name: name.as_bytes().to_vec(),
+            new_parent: newparent.0,
+            new_name: newname.as_bytes().to_vec(),
+            flags: flags.bits(),
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.change_attr(FsOp::Link {
+            ino: ino.0,
+            parent: newparent.0,
+            name: newname.as_bytes().to_vec(),
+        });
+        self.reply_entry(reply, r);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.read(|c| read::getattr(c, ino.0)) {
+            // The kernel's page cache stays valid across opens: every
+            // change to the file comes through this mount.
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.read(|c| read::read(c, ino.0, offset, size)) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.change(FsOp::Write {
+            ino: ino.0,
+            offset,
+            data: data.to_vec(),
+            kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+        });
+        match r {
+            Ok(FsReply::Written(n)) => reply.written(n),
+            Ok(_) => reply.error(to_fuser(Errno::EIO)),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is buffered here: every write is already applied. ENOSYS
+        // tells the kernel not to send FLUSH on every close again (it still
+        // writes cached pages back before close returns).
+        reply.error(to_fuser(Errno(libc::ENOSYS)));
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.fsync_inner());
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.read(|c| read::getattr(c, ino.0)) {
+            Ok(a) if a.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(_) => reply.error(to_fuser(Errno::ENOTDIR)),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.read(|c| {
+            read::readdir(c, ino.0, offset, |e| {
+                !reply.add(
+                    INodeNo(e.attr.ino),
+                    e.next,
+                    kind_of(e.attr.mode),
+                    OsStr::from_bytes(&e.name),
+                )
+            })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.config.ttl;
+        let r = self.read(|c| {
+            read::readdir(c, ino.0, offset, |e| {
+                !reply.add(
+                    INodeNo(e.attr.ino),
+                    e.next,
+                    OsStr::from_bytes(&e.name),
+                    &ttl,
+                    &file_attr(&e.attr),
+                    GENERATION,
+                )
+            })
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::reply_empty(reply, self.fsync_inner());
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.statfs_inner() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.free,
+                s.available,
+                s.files,
+                s.free_files,
+                s.block_size,
+                tablix_fs::schema::NAME_MAX as u32,
+                s.block_size,
+            ),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.change(FsOp::SetXattr {
+            ino: ino.0,
+            name: name.as_bytes().to_vec(),
+            value: value.to_vec(),
+            flags,
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let r = self.read(|c| read::getxattr(c, ino.0, name.as_bytes()));
+        reply_xattr(reply, r, size);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.read(|c| read::listxattr(c, ino.0));
+        reply_xattr(reply, r, size);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.change(FsOp::RemoveXattr {
+            ino: ino.0,
+            name: name.as_bytes().to_vec(),
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        Self::reply_empty(reply, self.access_inner(req, ino.0, mask));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mode = libc::S_IFREG | (mode & 0o7777);
+        match self.make_node(req, parent, name, mode, 0) {
+            Ok(a) => reply.created(
+                &self.config.ttl,
+                &file_attr(&a),
+                GENERATION,
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.change(FsOp::Fallocate {
+            ino: ino.0,
+            offset,
+            length,
+            mode,
+        });
+        Self::reply_empty(reply, r.map(|_| ()));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let r = if offset < 0 {
+            Err(Errno::ENXIO)
+        } else {
+            self.read(|c| read::seek(c, ino.0, offset as u64, whence))
+        };
+        match r {
+            Ok(off) => reply.offset(off as i64),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, r: Result<Vec<u8>, Errno>, size: u32) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(to_fuser(Errno::ERANGE)),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(to_fuser(e)),
+    }
+}

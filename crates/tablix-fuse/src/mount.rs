@@ -1,0 +1,314 @@
+//! Mounting and unmounting, including a stale mount a crashed run left.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use tablix_fs::FsOp;
+use tablix_store::{Command, Stamp, Store};
+
+use crate::fs::{FsConfig, TablixFs};
+
+/// The file-system type the mount shows in /proc/mounts.
+pub const FS_TYPE: &str = "fuse.tablix";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount point {0} does not exist")]
+    Missing(PathBuf),
+    #[error("mount point {0} is not a directory")]
+    NotDirectory(PathBuf),
+    #[error(
+        "mount point {path} is busy: {fstype} from {source_name} is already mounted there; unmount it first (umount {path})"
+    )]
+    Busy {
+        path: PathBuf,
+        fstype: String,
+        source_name: String,
+    },
+    #[error("mount point {path}: {source}")]
+    Access {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("clearing the stale mount at {path} failed: {reason}")]
+    Stale { path: PathBuf, reason: String },
+    #[error("preparing the file system failed: {0}")]
+    Store(String),
+    #[error("mounting at {path} failed: {source}")]
+    Fuse {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    pub mountpoint: PathBuf,
+    pub fs: FsConfig,
+    /// Threads serving kernel requests.
+    pub threads: usize,
+    /// Let every user use the mount (permissions are still enforced by the
+    /// kernel from the mode bits: `default_permissions`).
+    pub allow_other: bool,
+}
+
+/// A live mount; unmounted when dropped.
+pub struct Mounted {
+    session: Option<BackgroundSession>,
+    mountpoint: PathBuf,
+    ended: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted")
+            .field("mountpoint", &self.mountpoint)
+            .finish()
+    }
+}
+
+/// One line of /proc/self/mountinfo: where, what type, from what.
+struct MountEntry {
+    point: PathBuf,
+    fstype: String,
+    source: String,
+}
+
+/// Undoes the octal escapes mountinfo uses for space, tab, newline and `\`.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let dash = fields.iter().position(|f| *f == "-")?;
+            Some(MountEntry {
+                point: PathBuf::from(unescape(fields.get(4)?)),
+                fstype: fields.get(dash + 1)?.to_string(),
+                source: unescape(fields.get(dash + 2)?),
+            })
+        })
+        .collect()
+}
+
+fn mounted_at(path: &Path) -> Option<MountEntry> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.point == path)
+}
+
+/// Detaches whatever is mounted at `path`: directly as root, through
+/// fusermount otherwise.
+fn detach(path: &Path) -> Result<(), String> {
+    match nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            for tool in ["fusermount3", "fusermount"] {
+                if let Ok(s) = std::process::Command::new(tool)
+                    .arg("-u")
+                    .arg("-z")
+                    .arg(path)
+                    .status()
+                    && s.success()
+                {
+                    return Ok(());
+                }
+            }
+            Err("not permitted, and fusermount3 -u -z failed or is not installed".into())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Checks the mount point, clearing a stale FUSE mount (ENOTCONN: its
+/// daemon died without unmounting). Returns the absolute path.
+fn prepare(path: &Path) -> Result<PathBuf, MountError> {
+    let abs = std::path::absolute(path).map_err(|source| MountError::Access {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match std::fs::metadata(&abs) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            detach(&abs).map_err(|reason| MountError::Stale {
+                path: abs.clone(),
+                reason,
+            })?;
+            tracing::warn!(
+                "cleared a stale mount at {} (its daemon exited without unmounting)",
+                abs.display()
+            );
+            return prepare(path);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::Missing(abs));
+        }
+        Err(source) => return Err(MountError::Access { path: abs, source }),
+        Ok(m) if !m.is_dir() => return Err(MountError::NotDirectory(abs)),
+        Ok(_) => {}
+    }
+    let canonical = abs.canonicalize().map_err(|source| MountError::Access {
+        path: abs.clone(),
+        source,
+    })?;
+    if let Some(m) = mounted_at(&canonical)
+        && m.fstype.starts_with("fuse")
+    {
+        return Err(MountError::Busy {
+            path: canonical,
+            fstype: m.fstype,
+            source_name: m.source,
+        });
+    }
+    Ok(canonical)
+}
+
+/// Mounts the store's file system at `options.mountpoint`.
+pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountError> {
+    let mountpoint = prepare(&options.mountpoint)?;
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let applied = store
+        .apply(Stamp::now(), Command::Fs(FsOp::Mount { uid, gid }))
+        .map_err(|e| MountError::Store(e.to_string()))?;
+    if let Some(Err(e)) = applied.fs {
+        return Err(MountError::Store(e.to_string()));
+    }
+    let mut mount_options = vec![
+        MountOption::FSName(options.fs.data_dir.display().to_string()),
+        MountOption::Subtype("tablix".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if uid == 0 {
+        // Device nodes and set-user-ID programs work as on a disk file
+        // system; an unprivileged mount cannot have them.
+        mount_options.push(MountOption::Dev);
+        mount_options.push(MountOption::Suid);
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = if options.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(options.threads.max(1));
+    config.clone_fd = true;
+    let ended = Arc::new(AtomicBool::new(false));
+    let fs = TablixFs::new(store, options.fs, Arc::clone(&ended));
+    let session =
+        fuser::spawn_mount(fs, &mountpoint, &config).map_err(|source| MountError::Fuse {
+            path: mountpoint.clone(),
+            source,
+        })?;
+    Ok(Mounted {
+        session: Some(session),
+        mountpoint,
+        ended,
+    })
+}
+
+impl Mounted {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// A flag that becomes true when the session ends, e.g. because
+    /// someone ran umount on the mount point.
+    pub fn ended(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.ended)
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Unmounts and waits for the request threads to finish. A mount still
+    /// in use (open files, a shell inside) is detached lazily: it disappears
+    /// from the namespace now and goes away with its last user.
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        self.unmount_inner()
+    }
+
+    fn unmount_inner(&mut self) -> Result<(), MountError> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        match session.umount_and_join() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // Still in use (open files, a shell inside): detach it
+                // lazily, so it leaves the namespace now and goes away with
+                // its last user.
+                tracing::warn!(
+                    "unmounting {}: {e}; detaching it lazily",
+                    self.mountpoint.display()
+                );
+                detach(&self.mountpoint).map_err(|reason| MountError::Stale {
+                    path: self.mountpoint.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount_inner() {
+            tracing::error!("unmounting: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_lines_parse_with_escapes() {
+        let text = "36 35 98:0 / /mnt/my\\040dir rw,noatime master:1 - fuse.tablix /data/x\\040y rw,user_id=0\n\
+                    37 35 98:0 / /proc rw - proc proc rw\n";
+        let entries = parse_mountinfo(text);
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].point, PathBuf::from("/mnt/my dir"));
+        assert_eq!(entries[0].fstype, "fuse.tablix");
+        assert_eq!(entries[0].source, "/data/x y");
+        assert_eq!(entries[1].fstype, "proc");
+        assert_eq!(unescape("a\\134b"), "a\\b");
+    }
+
+    #[test]
+    fn missing_and_non_directory_mount_points_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope");
+        assert!(matches!(prepare(&missing), Err(MountError::Missing(_))));
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(prepare(&file), Err(MountError::NotDirectory(_))));
+        assert!(prepare(dir.path()).is_ok());
+    }
+}

@@ -1,0 +1,115 @@
+//! Mounting a fresh tablix file system for one test.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tablix_fuse::{FsConfig, MountOptions, Mounted};
+use tablix_store::{Durability, Store, StoreConfig};
+
+/// Set (to a directory on a mount) when this binary runs as the
+/// unprivileged user: tests then work there instead of mounting.
+pub const SHARED_MOUNT_ENV: &str = "TABLIX_TEST_MOUNT";
+
+pub struct Fixture {
+    /// A directory on the mount the test owns.
+    pub root: PathBuf,
+    /// The store behind the mount, when this process mounted it.
+    pub store: Option<Arc<Store>>,
+    mounted: Option<Mounted>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl Fixture {
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.mounted.take();
+        if let Some(s) = self.store.take() {
+            let _ = s.close();
+        }
+    }
+}
+
+fn why_no_fuse() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Some("mounting needs root".into());
+    }
+    None
+}
+
+/// Whether FUSE tests can run here. Under CI=true a missing FUSE or root
+/// fails the test instead of skipping it.
+pub fn fuse_or_skip(test: &str) -> bool {
+    if std::env::var_os(SHARED_MOUNT_ENV).is_some() {
+        return true;
+    }
+    match why_no_fuse() {
+        None => true,
+        Some(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test}: FUSE tests must run under CI, but {why}")
+        }
+        Some(why) => {
+            eprintln!("{test}: SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+pub fn mount(mode: Durability) -> Fixture {
+    if let Some(shared) = std::env::var_os(SHARED_MOUNT_ENV) {
+        let base = PathBuf::from(shared);
+        let root = tempfile::Builder::new()
+            .prefix("t")
+            .tempdir_in(&base)
+            .expect("a directory in the shared mount")
+            .keep();
+        return Fixture {
+            root,
+            store: None,
+            mounted: None,
+            _tmp: None,
+        };
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mp = tmp.path().join("mnt");
+    std::fs::create_dir_all(&mp).expect("mount point");
+    let mut config = StoreConfig::new(&data);
+    config.durability = mode;
+    config.flush_interval = Duration::from_millis(50);
+    let store = Arc::new(Store::open(config).expect("store"));
+    let options = MountOptions {
+        mountpoint: mp.clone(),
+        fs: FsConfig {
+            writeback_cache: mode == Durability::Async,
+            ttl: Duration::from_secs(10),
+            max_write: 1 << 20,
+            data_dir: data,
+        },
+        threads: 4,
+        allow_other: true,
+    };
+    let mounted = tablix_fuse::mount(Arc::clone(&store), options).expect("mount");
+    Fixture {
+        root: mp,
+        store: Some(store),
+        mounted: Some(mounted),
+        _tmp: Some(tmp),
+    }
+}
+
+/// The errno of a failed std::io call.
+pub fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.raw_os_error().expect("an OS error"),
+    }
+}

@@ -1,0 +1,348 @@
+//! `tablix bench fs`: the file system against ext4 on the same disk, in the
+//! same run, with the programs the issue names (Bonnie++, Postmark) and a
+//! metadata workload.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::bench::Rng;
+use crate::cli::FsBenchArgs;
+
+/// Where a workload runs: plain ext4, or a tablix mount served by a daemon.
+struct Target {
+    label: String,
+    dir: PathBuf,
+    daemon: Option<Child>,
+}
+
+impl Target {
+    fn ext4(base: &Path) -> anyhow::Result<Target> {
+        let dir = base.join("ext4");
+        fresh_dir(&dir)?;
+        Ok(Target {
+            label: "ext4".into(),
+            dir,
+            daemon: None,
+        })
+    }
+
+    fn tablix(base: &Path, mode: &str) -> anyhow::Result<Target> {
+        let data = base.join(format!("tablix-{mode}-data"));
+        let mnt = base.join(format!("tablix-{mode}-mnt"));
+        if data.exists() {
+            std::fs::remove_dir_all(&data)?;
+        }
+        std::fs::create_dir_all(&mnt)?;
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["up", "--http", "127.0.0.1:0", "--mode", mode, "--data"])
+            .arg(&data)
+            .arg(&mnt)
+            .env("TABLIX_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the daemon")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("daemon stdout")?;
+        BufReader::new(stdout).read_line(&mut line)?;
+        if !line.starts_with("tablix ready") {
+            let _ = child.kill();
+            bail!("the daemon did not start: {line}");
+        }
+        Ok(Target {
+            label: format!("tablix {mode}"),
+            dir: mnt,
+            daemon: Some(child),
+        })
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(child) = self.daemon.as_mut() {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("the {} daemon exited with {status}", self.label);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    Ok(())
+}
+
+fn drop_caches() {
+    // Best effort: needs root. Every target gets the same treatment.
+    let _ = Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
+/// Bonnie++'s block figures: write, rewrite and read in KiB/s, seeks/s.
+/// Infinity stands for bonnie++'s "+++++": done too fast to time.
+fn bonnie(dir: &Path, mb: u64) -> anyhow::Result<[f64; 4]> {
+    let out = Command::new("bonnie++")
+        .arg("-d")
+        .arg(dir)
+        .args(["-s", &mb.to_string(), "-r", &(mb / 2).to_string()])
+        .args(["-n", "0", "-f", "-q", "-u", "root"])
+        .stderr(Stdio::null())
+        .output()
+        .context("running bonnie++ (apt install bonnie++)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("1.98,"))
+        .with_context(|| format!("no CSV line from bonnie++: {text}"))?;
+    let f: Vec<&str> = line.split(',').collect();
+    let num = |i: usize| -> anyhow::Result<f64> {
+        let v = f.get(i).copied().unwrap_or("");
+        if v.starts_with('+') {
+            return Ok(f64::INFINITY);
+        }
+        v.parse::<f64>()
+            .with_context(|| format!("bonnie++ field {i} is {v:?}"))
+    };
+    Ok([num(11)?, num(13)?, num(17)?, num(19)?])
+}
+
+/// Postmark's wall-clock time for the configured run, in seconds.
+fn postmark(dir: &Path, files: u64, transactions: u64) -> anyhow::Result<f64> {
+    let work = dir.join("postmark");
+    fresh_dir(&work)?;
+    let mut child = Command::new("postmark")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("running postmark (apt install postmark)")?;
+    let script = format!(
+        "set location {}\nset number {files}\nset transactions {transactions}\nset size 500 10000\nset seed 42\nrun\nquit\n",
+        work.display()
+    );
+    let start = Instant::now();
+    child
+        .stdin
+        .take()
+        .context("postmark stdin")?
+        .write_all(script.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let secs = start.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !text.contains("transactions") {
+        bail!("postmark failed: {text}");
+    }
+    std::fs::remove_dir_all(&work)?;
+    Ok(secs)
+}
+
+/// A synthetic source tree (fixed seed): `files` files in directories of
+/// 20, sizes log-uniform between 200 B and 40 KiB, packed as a tar.
+fn source_tree(base: &Path, files: u64) -> anyhow::Result<PathBuf> {
+    let tar = base.join(format!("tree-{files}.tar"));
+    if tar.exists() {
+        return Ok(tar);
+    }
+    let src = base.join("tree-src");
+    fresh_dir(&src)?;
+    let mut rng = Rng::new(42);
+    for i in 0..files {
+        let d = src.join(format!("src/mod{:03}/sub{}", i / 20 / 5, (i / 20) % 5));
+        std::fs::create_dir_all(&d)?;
+        let size = (200.0 * (200.0f64).powf(rng.unit())) as usize;
+        let body: Vec<u8> = (0..size)
+            .map(|j| b"abcdefghij klmnop\n"[(j + i as usize) % 18])
+            .collect();
+        std::fs::write(d.join(format!("file{i}.rs")), body)?;
+    }
+    let status = Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&src)
+        .arg(".")
+        .status()?;
+    if !status.success() {
+        bail!("tar failed to pack the tree");
+    }
+    std::fs::remove_dir_all(&src)?;
+    Ok(tar)
+}
+
+fn timed(what: &str, cmd: &mut Command) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let status = cmd
+        .stdout(Stdio::null())
+        .status()
+        .with_context(|| what.to_string())?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Seconds for untar, find, du and rm -rf of the tree.
+fn metadata(dir: &Path, tar: &Path) -> anyhow::Result<[f64; 4]> {
+    let tree = dir.join("tree");
+    fresh_dir(&tree)?;
+    let untar = timed(
+        "tar -x",
+        Command::new("tar").arg("-xf").arg(tar).arg("-C").arg(&tree),
+    )?;
+    let find = timed(
+        "find",
+        Command::new("find").arg(&tree).arg("-type").arg("f"),
+    )?;
+    let du = timed("du", Command::new("du").arg("-s").arg(&tree))?;
+    let rm = timed("rm -rf", Command::new("rm").arg("-rf").arg(&tree))?;
+    Ok([untar, find, du, rm])
+}
+
+struct Results {
+    label: String,
+    bonnie: Option<[f64; 4]>,
+    postmark: Option<f64>,
+    meta: Option<[f64; 4]>,
+}
+
+fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Results> {
+    let wants = |w: &str| a.workloads.iter().any(|x| x == w);
+    let mut r = Results {
+        label: t.label.clone(),
+        bonnie: None,
+        postmark: None,
+        meta: None,
+    };
+    if wants("bonnie") {
+        drop_caches();
+        eprintln!("  {}: bonnie++ -s {}", t.label, a.bonnie_mb);
+        r.bonnie = Some(bonnie(&t.dir, a.bonnie_mb)?);
+    }
+    if wants("postmark") {
+        drop_caches();
+        eprintln!("  {}: postmark", t.label);
+        r.postmark = Some(postmark(&t.dir, a.postmark_files, a.postmark_transactions)?);
+    }
+    if let (true, Some(tar)) = (wants("meta"), tar) {
+        drop_caches();
+        eprintln!("  {}: untar/find/du/rm", t.label);
+        r.meta = Some(metadata(&t.dir, tar)?);
+    }
+    Ok(r)
+}
+
+pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("bench fs needs root (bonnie++ -u root, mounting, dropping caches)");
+    }
+    for m in &a.modes {
+        if m != "sync" && m != "async" {
+            bail!("unknown mode {m:?}: expected sync or async");
+        }
+    }
+    let base = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench/fs"));
+    std::fs::create_dir_all(&base)?;
+    let base = base.canonicalize()?;
+    let tar = if a.workloads.iter().any(|w| w == "meta") {
+        Some(source_tree(&base, a.tree_files)?)
+    } else {
+        None
+    };
+    let mut all = Vec::new();
+    eprintln!("measuring ext4 in {}", base.display());
+    let t = Target::ext4(&base)?;
+    all.push(measure(&t, &a, tar.as_deref())?);
+    std::fs::remove_dir_all(&t.dir)?;
+    for mode in &a.modes {
+        eprintln!("measuring tablix {mode}");
+        let t = Target::tablix(&base, mode)?;
+        let r = measure(&t, &a, tar.as_deref());
+        t.stop()?;
+        all.push(r?);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    report(&all, &a);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report(all: &[Results], a: &FsBenchArgs) {
+    let base = &all[0];
+    let others = &all[1..];
+    let header = |first: &str| {
+        let mut h = format!("{first:<28}{:>14}", base.label);
+        for o in others {
+            h.push_str(&format!("{:>22}", o.label));
+        }
+        println!("{h}");
+    };
+    if let Some(b) = base.bonnie {
+        println!(
+            "\nBonnie++ 2.00 (-s {} MiB -f), KiB/s and seeks/s; ratio = tablix / ext4 (higher is better); inf = bonnie++'s +++++ (too fast to time)",
+            a.bonnie_mb
+        );
+        header("");
+        let names = [
+            "sequential block write",
+            "rewrite",
+            "sequential block read",
+            "random seeks",
+        ];
+        for (i, name) in names.iter().enumerate() {
+            let mut line = format!("{name:<28}{:>14.0}", b[i]);
+            for o in others {
+                if let Some(ob) = o.bonnie {
+                    line.push_str(&format!("{:>14.0} ({:>5.2})", ob[i], ob[i] / b[i]));
+                }
+            }
+            println!("{line}");
+        }
+    }
+    if let Some(p) = base.postmark {
+        println!(
+            "\nPostmark ({} files, {} transactions, 500 B-10 KB), seconds; ratio = ext4 time / tablix time (throughput, higher is better)",
+            a.postmark_files, a.postmark_transactions
+        );
+        header("");
+        let mut line = format!("{:<28}{p:>14.2}", "total");
+        for o in others {
+            if let Some(op) = o.postmark {
+                line.push_str(&format!("{op:>14.2} ({:>5.2})", p / op));
+            }
+        }
+        println!("{line}");
+    }
+    if let Some(m) = base.meta {
+        println!(
+            "\nMetadata workload ({} files), seconds; ratio = tablix time / ext4 time (lower is better, target <= 2)",
+            a.tree_files
+        );
+        header("");
+        let names = ["tar -x", "find", "du -s", "rm -rf", "total"];
+        let total = |v: &[f64; 4]| v.iter().sum::<f64>();
+        for (i, name) in names.iter().enumerate() {
+            let bv = if i < 4 { m[i] } else { total(&m) };
+            let mut line = format!("{name:<28}{bv:>14.3}");
+            for o in others {
+                if let Some(om) = o.meta {
+                    let ov = if i < 4 { om[i] } else { total(&om) };
+                    line.push_str(&format!("{ov:>14.3} ({:>5.2})", ov / bv));
+                }
+            }
+            println!("{line}");
+        }
+    }
+}
