@@ -80,6 +80,11 @@ pub fn mount(mode: Durability) -> Fixture {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
+    mount_at(mode, tmp, data)
+}
+
+/// Mounts a store whose data directory is `data` (e.g. on a small tmpfs).
+pub fn mount_at(mode: Durability, tmp: tempfile::TempDir, data: PathBuf) -> Fixture {
     let mp = tmp.path().join("mnt");
     std::fs::create_dir_all(&mp).expect("mount point");
     let mut config = StoreConfig::new(&data);

@@ -850,3 +850,84 @@ fn permissions_by_user() {
         }
     });
 }
+
+#[test]
+fn a_full_disk_gives_enospc_and_loses_nothing() {
+    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some()
+        || !fuse_or_skip("a_full_disk_gives_enospc_and_loses_nothing")
+    {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let small = tmp.path().join("small");
+    fs::create_dir(&small).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mounting a small tmpfs");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _guard = Unmount(small.clone());
+    // Space to give back once the disk is full: on a full disk even an
+    // unlink fails (SQLite needs room in its WAL to record it).
+    fs::write(small.join("filler"), vec![0u8; 512 * 1024]).unwrap();
+    let f = crate::harness::mount_at(Durability::Sync, tmp, small.join("data"));
+    let mut written = Vec::new();
+    let mut full = None;
+    for i in 0..200 {
+        let body = vec![(i % 251) as u8; 64 * 1024];
+        match fs::write(f.path(&format!("f{i}")), &body) {
+            Ok(()) => written.push(i),
+            Err(e) => {
+                full = e.raw_os_error();
+                break;
+            }
+        }
+    }
+    assert_eq!(full, Some(libc::ENOSPC), "a full disk must give ENOSPC");
+    assert!(written.len() > 3, "some files fit: {}", written.len());
+    for &i in &written {
+        let back = fs::read(f.path(&format!("f{i}"))).unwrap();
+        assert!(
+            back == vec![(i % 251) as u8; 64 * 1024],
+            "f{i} intact after ENOSPC"
+        );
+    }
+    assert_eq!(
+        errno_of(fs::write(f.path("more"), vec![1u8; 64 * 1024])),
+        libc::ENOSPC
+    );
+    // Freeing space makes changes work again.
+    fs::remove_file(small.join("filler")).unwrap();
+    for &i in written.iter().take(4) {
+        fs::remove_file(f.path(&format!("f{i}"))).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    fs::write(f.path("after"), b"space again").unwrap();
+    assert_eq!(fs::read(f.path("after")).unwrap(), b"space again");
+    if let Some(store) = &f.store {
+        let applied = store
+            .apply(
+                tablix_store::Stamp::now(),
+                tablix_store::Command::Fs(tablix_fs::FsOp::Check { repair: false }),
+            )
+            .unwrap();
+        match applied.fs {
+            Some(Ok(tablix_fs::FsReply::Checked(r))) => {
+                let unexpected: Vec<_> =
+                    r.problems.iter().filter(|p| !p.starts_with("5:")).collect();
+                assert!(unexpected.is_empty(), "{r:?}");
+            }
+            other => panic!("check: {other:?}"),
+        }
+    }
+}
