@@ -16,4 +16,4 @@ mod fs;
 mod mount;
 
 pub use fs::{FsConfig, TablixFs};
-pub use mount::{FS_TYPE, MountError, MountOptions, Mounted, mount};
+pub use mount::{MountError, MountOptions, Mounted, mount};

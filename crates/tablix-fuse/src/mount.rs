@@ -10,9 +10,6 @@ use tablix_store::{Command, Stamp, Store};
 
 use crate::fs::{FsConfig, TablixFs};
 
-/// The file-system type the mount shows in /proc/mounts.
-pub const FS_TYPE: &str = "fuse.tablix";
-
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error("mount point {0} does not exist")]

@@ -24,6 +24,10 @@ const WAL_AUTOCHECKPOINT_PAGES: i64 = 16384;
 /// before the VFS it was opened with is unregistered.
 pub(crate) struct Applier {
     conn: Connection,
+    /// Set when SQLite rolled back a pending transaction (e.g. a COMMIT that
+    /// hit a full disk): acknowledged file-system Commands are gone, so the
+    /// kernel's view no longer matches and no further one is accepted.
+    lost: Option<String>,
     policy: Policy,
     /// State of the generator behind `random()`, reseeded per Command.
     rng: Arc<AtomicU64>,
@@ -77,6 +81,7 @@ impl Applier {
         let policy = Policy::install(&mut conn, false)?;
         Ok(Applier {
             conn,
+            lost: None,
             policy,
             rng,
             clock,
@@ -97,11 +102,35 @@ impl Applier {
     /// A failing Command is rolled back alone (its savepoint); the pending
     /// ones stay. Only file-system Commands come here: they never end the
     /// transaction themselves, unlike SQL with ON CONFLICT ROLLBACK.
-    pub(crate) fn apply_pending(&self, item: &Stamped) -> Result<Applied, StoreError> {
+    pub(crate) fn apply_pending(&mut self, item: &Stamped) -> Result<Applied, StoreError> {
         debug_assert!(matches!(item.command, Command::Fs(_)));
-        if self.conn.is_autocommit() {
+        if let Some(why) = &self.lost {
+            return Err(StoreError::PendingLost(why.clone()));
+        }
+        let had_pending = !self.conn.is_autocommit();
+        if !had_pending {
             self.batch_sql("BEGIN IMMEDIATE")?;
         }
+        let r = self.pending_savepoint(item);
+        if self.conn.is_autocommit() {
+            // SQLite ended the transaction itself (a full disk while
+            // spilling pages): whatever was pending is gone.
+            let why = match &r {
+                Err(e) => e.to_string(),
+                Ok(a) => {
+                    a.fs.as_ref()
+                        .and_then(|f| f.as_ref().err())
+                        .map_or_else(|| "the transaction ended".to_string(), |e| e.to_string())
+                }
+            };
+            if had_pending {
+                return Err(self.mark_lost(why));
+            }
+        }
+        r
+    }
+
+    fn pending_savepoint(&self, item: &Stamped) -> Result<Applied, StoreError> {
         self.pending_sql("SAVEPOINT tablix_command")?;
         let r = self.apply(item);
         if r.as_ref().map_or(true, |a| a.rolled_back) {
@@ -111,13 +140,26 @@ impl Applier {
         r
     }
 
+    fn mark_lost(&mut self, why: String) -> StoreError {
+        tracing::error!(
+            "file-system changes acknowledged since the last flush were lost: {why}; refusing further changes until restart"
+        );
+        self.lost = Some(why.clone());
+        StoreError::PendingLost(why)
+    }
+
     /// Commits what [`Applier::apply_pending`] left open. On failure the
-    /// transaction stays open if SQLite kept it, to be retried.
-    pub(crate) fn commit_pending(&self) -> Result<(), StoreError> {
+    /// transaction stays open if SQLite kept it, to be retried; if SQLite
+    /// rolled it back, the store refuses further file-system changes.
+    pub(crate) fn commit_pending(&mut self) -> Result<(), StoreError> {
         if self.conn.is_autocommit() {
             return Ok(());
         }
-        self.pending_sql("COMMIT")
+        match self.pending_sql("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(e) if self.conn.is_autocommit() => Err(self.mark_lost(e.to_string())),
+            Err(e) => Err(e),
+        }
     }
 
     /// Savepoint control inside the pending transaction: a failure is

@@ -32,6 +32,10 @@ pub enum StoreError {
     Commit(String),
     #[error("the store is shut down")]
     Closed,
+    #[error(
+        "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); the mount refuses changes until tablix restarts"
+    )]
+    PendingLost(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]

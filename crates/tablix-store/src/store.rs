@@ -138,7 +138,7 @@ impl Store {
         if self.config.durability == crate::config::Durability::Sync {
             return self.apply(stamp, Command::Fs(op));
         }
-        let applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
+        let mut applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
         let began = !applier.has_pending();
         let r = applier.apply_pending(&Stamped::new(stamp, Command::Fs(op)));
         drop(applier);

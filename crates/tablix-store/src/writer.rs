@@ -115,7 +115,7 @@ impl Writer {
         self.counters
             .largest_batch
             .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-        let applier = match self.lock() {
+        let mut applier = match self.lock() {
             Ok(a) => a,
             Err(e) => {
                 for (_, reply) in group {
@@ -157,7 +157,7 @@ impl Writer {
             return Ok(());
         }
         Counters::add(&self.counters.flushes, 1);
-        let applier = self.lock()?;
+        let mut applier = self.lock()?;
         applier.commit_pending()?;
         applier.sync_wal()
     }

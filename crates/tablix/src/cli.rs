@@ -213,6 +213,11 @@ pub struct FsBenchArgs {
     /// Bonnie++ file size in MiB (bonnie++ -s); RAM is given as half of it.
     #[arg(long, default_value_t = 4096)]
     pub bonnie_mb: u64,
+    /// Bonnie++ file size for sync mode, where every 8 KiB write is durable
+    /// before it returns; compared with ext4 at this size with -b (fsync
+    /// after every write).
+    #[arg(long, default_value_t = 256)]
+    pub bonnie_sync_mb: u64,
     /// Postmark's initial file count.
     #[arg(long, default_value_t = 5000)]
     pub postmark_files: u64,

@@ -852,10 +852,30 @@ fn permissions_by_user() {
 }
 
 #[test]
-fn a_full_disk_gives_enospc_and_loses_nothing() {
-    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some()
-        || !fuse_or_skip("a_full_disk_gives_enospc_and_loses_nothing")
-    {
+fn a_full_disk_gives_enospc_and_loses_nothing_sync_mode() {
+    full_disk(
+        "a_full_disk_gives_enospc_and_loses_nothing_sync_mode",
+        Durability::Sync,
+    );
+}
+
+#[test]
+fn a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes() {
+    full_disk(
+        "a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes",
+        Durability::Async,
+    );
+}
+
+/// Writes and fsyncs: in async mode a full disk shows at the fsync.
+fn write_synced(p: &Path, body: &[u8]) -> std::io::Result<()> {
+    let mut file = File::create(p)?;
+    file.write_all(body)?;
+    file.sync_all()
+}
+
+fn full_disk(name: &str, mode: Durability) {
+    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some() || !fuse_or_skip(name) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -880,12 +900,12 @@ fn a_full_disk_gives_enospc_and_loses_nothing() {
     // Space to give back once the disk is full: on a full disk even an
     // unlink fails (SQLite needs room in its WAL to record it).
     fs::write(small.join("filler"), vec![0u8; 512 * 1024]).unwrap();
-    let f = crate::harness::mount_at(Durability::Sync, tmp, small.join("data"));
+    let f = crate::harness::mount_at(mode, tmp, small.join("data"));
     let mut written = Vec::new();
     let mut full = None;
     for i in 0..200 {
         let body = vec![(i % 251) as u8; 64 * 1024];
-        match fs::write(f.path(&format!("f{i}")), &body) {
+        match write_synced(&f.path(&format!("f{i}")), &body) {
             Ok(()) => written.push(i),
             Err(e) => {
                 full = e.raw_os_error();
@@ -902,8 +922,32 @@ fn a_full_disk_gives_enospc_and_loses_nothing() {
             "f{i} intact after ENOSPC"
         );
     }
+    if mode == Durability::Async {
+        // Async mode acknowledged operations before the commit that failed
+        // (and that SQLite rolled back): the mount refuses further changes
+        // rather than let the kernel's view and the rows drift apart.
+        let r = write_synced(&f.path("more"), &[1u8; 64 * 1024]);
+        assert!(
+            matches!(
+                r.as_ref().map_err(|e| e.raw_os_error()),
+                Err(Some(libc::EIO | libc::ENOSPC))
+            ),
+            "{r:?}"
+        );
+        fs::remove_file(small.join("filler")).unwrap();
+        let r = write_synced(&f.path("after"), b"refused");
+        assert!(
+            r.is_err(),
+            "changes after a lost flush must fail until restart"
+        );
+        for &i in &written {
+            let back = fs::read(f.path(&format!("f{i}"))).unwrap();
+            assert!(back == vec![(i % 251) as u8; 64 * 1024], "f{i} intact");
+        }
+        return;
+    }
     assert_eq!(
-        errno_of(fs::write(f.path("more"), vec![1u8; 64 * 1024])),
+        errno_of(write_synced(&f.path("more"), &[1u8; 64 * 1024])),
         libc::ENOSPC
     );
     // Freeing space makes changes work again.

@@ -17,20 +17,23 @@ struct Target {
     label: String,
     dir: PathBuf,
     daemon: Option<Child>,
+    /// Bonnie++ runs here: size in MiB, and whether every write is fsync'ed.
+    bonnie_runs: Vec<(u64, bool)>,
 }
 
 impl Target {
-    fn ext4(base: &Path) -> anyhow::Result<Target> {
+    fn ext4(base: &Path, bonnie_runs: Vec<(u64, bool)>) -> anyhow::Result<Target> {
         let dir = base.join("ext4");
         fresh_dir(&dir)?;
         Ok(Target {
             label: "ext4".into(),
             dir,
             daemon: None,
+            bonnie_runs,
         })
     }
 
-    fn tablix(base: &Path, mode: &str) -> anyhow::Result<Target> {
+    fn tablix(base: &Path, mode: &str, bonnie_run: (u64, bool)) -> anyhow::Result<Target> {
         let data = base.join(format!("tablix-{mode}-data"));
         let mnt = base.join(format!("tablix-{mode}-mnt"));
         if data.exists() {
@@ -57,6 +60,7 @@ impl Target {
             label: format!("tablix {mode}"),
             dir: mnt,
             daemon: Some(child),
+            bonnie_runs: vec![bonnie_run],
         })
     }
 
@@ -90,13 +94,16 @@ fn drop_caches() {
 }
 
 /// Bonnie++'s block figures: write, rewrite and read in KiB/s, seeks/s.
-/// Infinity stands for bonnie++'s "+++++": done too fast to time.
-fn bonnie(dir: &Path, mb: u64) -> anyhow::Result<[f64; 4]> {
+/// Infinity stands for bonnie++'s "+++++": done too fast to time. With
+/// `durable`, bonnie++ fsyncs after every write (-b), the semantics of
+/// tablix's sync mode.
+fn bonnie(dir: &Path, mb: u64, durable: bool) -> anyhow::Result<[f64; 4]> {
     let out = Command::new("bonnie++")
         .arg("-d")
         .arg(dir)
         .args(["-s", &mb.to_string(), "-r", &(mb / 2).to_string()])
         .args(["-n", "0", "-f", "-q", "-u", "root"])
+        .args(if durable { &["-b"][..] } else { &[][..] })
         .stderr(Stdio::null())
         .output()
         .context("running bonnie++ (apt install bonnie++)")?;
@@ -211,7 +218,9 @@ fn metadata(dir: &Path, tar: &Path) -> anyhow::Result<[f64; 4]> {
 
 struct Results {
     label: String,
-    bonnie: Option<[f64; 4]>,
+    /// Per Bonnie++ run (MiB, fsync per write): write, rewrite, read KiB/s
+    /// and seeks/s.
+    bonnie: Vec<((u64, bool), [f64; 4])>,
     postmark: Option<f64>,
     meta: Option<[f64; 4]>,
 }
@@ -220,14 +229,20 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
     let wants = |w: &str| a.workloads.iter().any(|x| x == w);
     let mut r = Results {
         label: t.label.clone(),
-        bonnie: None,
+        bonnie: Vec::new(),
         postmark: None,
         meta: None,
     };
     if wants("bonnie") {
-        drop_caches();
-        eprintln!("  {}: bonnie++ -s {}", t.label, a.bonnie_mb);
-        r.bonnie = Some(bonnie(&t.dir, a.bonnie_mb)?);
+        for &(mb, durable) in &t.bonnie_runs {
+            drop_caches();
+            eprintln!(
+                "  {}: bonnie++ -s {mb}{}",
+                t.label,
+                if durable { " -b" } else { "" }
+            );
+            r.bonnie.push(((mb, durable), bonnie(&t.dir, mb, durable)?));
+        }
     }
     if wants("postmark") {
         drop_caches();
@@ -264,12 +279,19 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
     };
     let mut all = Vec::new();
     eprintln!("measuring ext4 in {}", base.display());
-    let t = Target::ext4(&base)?;
+    let mut runs = Vec::new();
+    for mode in &a.modes {
+        let run = bonnie_run(&a, mode);
+        if !runs.contains(&run) {
+            runs.push(run);
+        }
+    }
+    let t = Target::ext4(&base, runs)?;
     all.push(measure(&t, &a, tar.as_deref())?);
     std::fs::remove_dir_all(&t.dir)?;
     for mode in &a.modes {
         eprintln!("measuring tablix {mode}");
-        let t = Target::tablix(&base, mode)?;
+        let t = Target::tablix(&base, mode, bonnie_run(&a, mode))?;
         let r = measure(&t, &a, tar.as_deref());
         t.stop()?;
         all.push(r?);
@@ -277,6 +299,15 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
     }
     report(&all, &a);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Sync mode is compared with ext4 fsyncing every write, at a smaller size.
+fn bonnie_run(a: &FsBenchArgs, mode: &str) -> (u64, bool) {
+    if mode == "sync" {
+        (a.bonnie_sync_mb, true)
+    } else {
+        (a.bonnie_mb, false)
+    }
 }
 
 fn report(all: &[Results], a: &FsBenchArgs) {
@@ -289,12 +320,30 @@ fn report(all: &[Results], a: &FsBenchArgs) {
         }
         println!("{h}");
     };
-    if let Some(b) = base.bonnie {
+    for (run, b) in &base.bonnie {
+        let at_size: Vec<(&str, [f64; 4])> = others
+            .iter()
+            .filter_map(|o| {
+                o.bonnie
+                    .iter()
+                    .find(|(r, _)| r == run)
+                    .map(|(_, v)| (o.label.as_str(), *v))
+            })
+            .collect();
         println!(
-            "\nBonnie++ 2.00 (-s {} MiB -f), KiB/s and seeks/s; ratio = tablix / ext4 (higher is better); inf = bonnie++'s +++++ (too fast to time)",
-            a.bonnie_mb
+            "\nBonnie++ 2.00 (-s {} MiB -f{}), KiB/s and seeks/s; ratio = tablix / ext4 (higher is better); inf = bonnie++'s +++++ (too fast to time)",
+            run.0,
+            if run.1 {
+                " -b: fsync after every write"
+            } else {
+                ""
+            }
         );
-        header("");
+        let mut h = format!("{:<28}{:>14}", "", base.label);
+        for (label, _) in &at_size {
+            h.push_str(&format!("{label:>22}"));
+        }
+        println!("{h}");
         let names = [
             "sequential block write",
             "rewrite",
@@ -303,10 +352,8 @@ fn report(all: &[Results], a: &FsBenchArgs) {
         ];
         for (i, name) in names.iter().enumerate() {
             let mut line = format!("{name:<28}{:>14.0}", b[i]);
-            for o in others {
-                if let Some(ob) = o.bonnie {
-                    line.push_str(&format!("{:>14.0} ({:>5.2})", ob[i], ob[i] / b[i]));
-                }
+            for (_, ob) in &at_size {
+                line.push_str(&format!("{:>14.0} ({:>5.2})", ob[i], ob[i] / b[i]));
             }
             println!("{line}");
         }
