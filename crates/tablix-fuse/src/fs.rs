@@ -123,8 +123,8 @@ impl TablixFs {
     }
 
     fn forget_inner(&self, inodes: Vec<Ino>) -> Result<(), Errno> {
-        // Only an unlinked inode is freed; the check on a reader keeps the
-        // common case (an evicted, still-linked inode) off the writer.
+        // Only an unlinked inode is freed; checking first keeps the common
+        // case (an evicted, still-linked inode) off the write path.
         let unlinked = self.read(|c| {
             let mut out = Vec::new();
             for ino in inodes {
