@@ -411,13 +411,12 @@ impl Filesystem for TablixFs {
         self.reply_entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.read(|c| read::getattr(c, ino.0)) {
-            // The kernel's page cache stays valid across opens: every
-            // change to the file comes through this mount.
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(to_fuser(e)),
-        }
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // No per-open state is kept here. ENOSYS tells the kernel to open
+        // files without asking (no OPEN and no RELEASE round trips); it
+        // then keeps its page cache across opens, which is right because
+        // every change to a file comes through this mount.
+        reply.error(to_fuser(Errno(libc::ENOSYS)));
     }
 
     fn read(
