@@ -216,7 +216,7 @@ pub struct FsBenchArgs {
     /// Bonnie++ file size for sync mode, where every 8 KiB write is durable
     /// before it returns; compared with ext4 at this size with -b (fsync
     /// after every write).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     pub bonnie_sync_mb: u64,
     /// Postmark's initial file count.
     #[arg(long, default_value_t = 5000)]
