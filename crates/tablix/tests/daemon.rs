@@ -65,6 +65,18 @@ impl Daemon {
         kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
+    /// SIGTERM, wait for a clean exit and return what it logged.
+    fn stop_with_log(mut self) -> String {
+        self.signal(Signal::SIGTERM);
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "daemon exited with {status}");
+        err
+    }
+
     /// SIGTERM and wait for a clean exit.
     fn stop(mut self) {
         self.signal(Signal::SIGTERM);
@@ -622,7 +634,11 @@ fn crash_and_remount(mode: &str) {
             body.len()
         );
     }
-    daemon.stop();
+    let log = daemon.stop_with_log();
+    assert!(
+        log.contains("cleared a stale mount"),
+        "the restart says it cleared the stale mount:\n{log}"
+    );
     assert!(
         !std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap()
