@@ -605,6 +605,12 @@ fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<
         if lo == 0 && hi as u64 == BLOCK_SIZE {
             delta += BLOCK_SIZE as i64 - block_len(conn, key)? as i64;
             store_block(conn, key, piece)?;
+        } else if hi as u64 <= block_len(conn, key)? {
+            // Inside the stored bytes: patch them in place, so only the
+            // pages the write touches change (a 4 KiB database page written
+            // into a 64 KiB block dirties one page, not the whole row).
+            let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
+            blob.write_all_at(piece, lo).map_err(|_| Errno::EIO)?;
         } else {
             let mut block = load_block(conn, key)?.unwrap_or_default();
             let before = block.len() as i64;

@@ -223,7 +223,7 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
     // Blocks of missing or non-regular inodes.
     let stray: Vec<i64> = all(
         conn,
-        "SELECT b.id FROM tablix_block b LEFT JOIN tablix_inode i ON i.ino = b.ino
+        "SELECT b.id FROM tablix_block b LEFT JOIN tablix_inode i ON i.ino = b.id >> 24
          WHERE i.ino IS NULL OR (i.mode & 61440) != 32768",
     )?;
     for id in stray {
@@ -240,8 +240,9 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
     // Bytes stored past the size.
     let past: Vec<(i64, i64, i64, i64)> = {
         let mut st = conn.prepare(
-            "SELECT b.id, b.idx, length(b.data), i.size FROM tablix_block b JOIN tablix_inode i ON i.ino = b.ino
-             WHERE b.idx * ?1 + length(b.data) > i.size",
+            "SELECT b.id, b.id & 16777215, length(b.data), i.size
+             FROM tablix_block b JOIN tablix_inode i ON i.ino = b.id >> 24
+             WHERE (b.id & 16777215) * ?1 + length(b.data) > i.size",
         )?;
         let rows = st.query_map(params![BLOCK_SIZE as i64], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))

@@ -3,8 +3,9 @@
 //! Data blocks are keyed by one integer, `ino << BLOCK_INDEX_BITS | index`,
 //! so a block is found by a single rowid lookup and a file's blocks are one
 //! contiguous rowid range (truncation and reads are range scans, with no
-//! secondary index to maintain). The generated columns `ino` and `idx` show
-//! the two parts to SQL.
+//! secondary index to maintain). The view `tablix_blocks` shows the two
+//! parts to SQL; the table itself has no generated columns, because SQLite
+//! cannot open incremental blob handles on such a table.
 
 /// Bytes per data block: 64 KiB, chosen by measurement (see DESIGN.md).
 pub const BLOCK_SIZE: u64 = 65536;
@@ -61,10 +62,11 @@ CREATE INDEX main.tablix_dirent_parent ON tablix_dirent(parent);
 CREATE INDEX main.tablix_dirent_ino ON tablix_dirent(ino);
 CREATE TABLE main.tablix_block(
     id   INTEGER PRIMARY KEY,
-    data BLOB NOT NULL,
-    ino  INTEGER AS (id >> 24) VIRTUAL,
-    idx  INTEGER AS (id & 16777215) VIRTUAL
+    data BLOB NOT NULL
 ) STRICT;
+CREATE VIEW main.tablix_blocks AS
+    SELECT id >> 24 AS ino, id & 16777215 AS idx, length(data) AS bytes, data
+    FROM tablix_block;
 CREATE TABLE main.tablix_symlink(
     ino    INTEGER PRIMARY KEY,
     target BLOB NOT NULL

@@ -46,7 +46,7 @@ fn write(c: &Connection, ino: u64, offset: u64, data: &[u8]) {
             kill_suidgid: false,
         },
     )
-    .expect("write");
+    .unwrap_or_else(|e| panic!("write: {e:?}"));
 }
 
 #[test]
@@ -138,4 +138,21 @@ fn unlinked_inodes_wait_for_reclaim_and_check_repairs_damage() {
     let report = check(&c, 12, true).expect("check");
     assert_eq!(report.problems.len(), 1, "{report:?}");
     assert!(check(&c, 13, false).expect("recheck").is_clean());
+}
+
+#[test]
+fn writes_inside_stored_bytes_patch_in_place() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    write(&c, f, 0, &vec![1u8; 100_000]);
+    write(&c, f, 10, b"abc");
+    write(&c, f, BLOCK_SIZE + 5, b"xyz");
+    let back = read::read(&c, f, 0, 100_000).expect("read");
+    assert_eq!(&back[8..15], &[1, 1, b'a', b'b', b'c', 1, 1]);
+    assert_eq!(
+        &back[(BLOCK_SIZE + 5) as usize..(BLOCK_SIZE + 8) as usize],
+        b"xyz"
+    );
+    assert_eq!(back.len(), 100_000);
+    assert!(check(&c, 20, false).expect("check").is_clean());
 }
