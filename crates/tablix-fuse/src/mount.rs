@@ -140,15 +140,28 @@ fn detach(path: &Path) -> Result<(), String> {
     }
 }
 
+/// Most stale mounts stacked on one mount point that are cleared.
+const MAX_STALE: usize = 8;
+
 /// Checks the mount point, clearing a stale FUSE mount (ENOTCONN: its
 /// daemon died without unmounting). Returns the absolute path.
 fn prepare(path: &Path) -> Result<PathBuf, MountError> {
+    prepare_clearing(path, MAX_STALE)
+}
+
+fn prepare_clearing(path: &Path, attempts: usize) -> Result<PathBuf, MountError> {
     let abs = std::path::absolute(path).map_err(|source| MountError::Access {
         path: path.to_path_buf(),
         source,
     })?;
     match std::fs::metadata(&abs) {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            if attempts == 0 {
+                return Err(MountError::Stale {
+                    path: abs,
+                    reason: format!("still not connected after clearing {MAX_STALE} mounts"),
+                });
+            }
             detach(&abs).map_err(|reason| MountError::Stale {
                 path: abs.clone(),
                 reason,
@@ -157,7 +170,7 @@ fn prepare(path: &Path) -> Result<PathBuf, MountError> {
                 "cleared a stale mount at {} (its daemon exited without unmounting)",
                 abs.display()
             );
-            return prepare(path);
+            return prepare_clearing(path, attempts - 1);
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(MountError::Missing(abs));
