@@ -8,14 +8,14 @@ use crate::errno::Errno;
 use crate::inode::{attr, check_new_name, child, directory, parent_of};
 use crate::op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
 use crate::schema::{
-    BLOCK_SIZE, LINK_MAX, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_VALUE_MAX, block_key,
+    BLOCK_SIZE, LAST_BLOCK_INDEX, LINK_MAX, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_VALUE_MAX,
+    block_key, spans,
 };
 
 const S_IFMT: u32 = libc::S_IFMT;
 const S_IFDIR: u32 = libc::S_IFDIR;
 const S_IFREG: u32 = libc::S_IFREG;
 const S_IFLNK: u32 = libc::S_IFLNK;
-const LAST_INDEX: u64 = (1 << crate::schema::BLOCK_INDEX_BITS) - 1;
 
 /// Applies `op` at time `now` (nanoseconds since the epoch).
 pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, Errno> {
@@ -116,6 +116,11 @@ fn touch_dir(conn: &Connection, ino: Ino, now: i64, nlink_delta: i64) -> Result<
     )?
     .execute(params![ino as i64, now, nlink_delta])?;
     Ok(())
+}
+
+/// Sets an inode's ctime: its metadata changed.
+fn touch_inode(conn: &Connection, ino: Ino, now: i64) -> Result<(), Errno> {
+    change_links(conn, ino, now, 0)
 }
 
 fn change_links(conn: &Connection, ino: Ino, now: i64, delta: i64) -> Result<(), Errno> {
@@ -395,8 +400,8 @@ fn rename(
         } else {
             touch_dir(conn, parent, now, 0)?;
         }
-        change_links(conn, src_ino, now, 0)?;
-        change_links(conn, dst_ino, now, 0)?;
+        touch_inode(conn, src_ino, now)?;
+        touch_inode(conn, dst_ino, now)?;
         return Ok(FsReply::Done);
     }
     if let Some((dst_id, dst_ino)) = dst {
@@ -434,7 +439,7 @@ fn rename(
     let moved = i64::from(src.is_dir() && parent != new_parent);
     touch_dir(conn, parent, now, -moved)?;
     touch_dir(conn, new_parent, now, moved)?;
-    change_links(conn, src_ino, now, 0)?;
+    touch_inode(conn, src_ino, now)?;
     Ok(FsReply::Done)
 }
 
@@ -516,10 +521,10 @@ fn store_attr(conn: &Connection, a: &Attr) -> Result<(), Errno> {
 /// Deletes every block of `ino` from index `first` on; returns the bytes
 /// they held.
 fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, Errno> {
-    if first > LAST_INDEX {
+    if first > LAST_BLOCK_INDEX {
         return Ok(0);
     }
-    let (lo, hi) = (block_key(ino, first), block_key(ino, LAST_INDEX));
+    let (lo, hi) = (block_key(ino, first), block_key(ino, LAST_BLOCK_INDEX));
     let freed: i64 = conn
         .prepare_cached(
             "SELECT coalesce(sum(length(data)), 0) FROM tablix_block WHERE id BETWEEN ?1 AND ?2",
@@ -592,36 +597,28 @@ fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
 /// Writes `data` at `offset` of block range; returns the change in bytes
 /// allocated.
 fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<i64, Errno> {
-    let end = offset + data.len() as u64;
     let mut delta = 0i64;
-    let mut pos = offset;
-    while pos < end {
-        let index = pos / BLOCK_SIZE;
-        let start = index * BLOCK_SIZE;
-        let lo = (pos - start) as usize;
-        let hi = (end.min(start + BLOCK_SIZE) - start) as usize;
-        let piece = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
-        let key = block_key(ino, index);
-        if lo == 0 && hi as u64 == BLOCK_SIZE {
-            delta += BLOCK_SIZE as i64 - block_len(conn, key)? as i64;
+    for span in spans(offset, offset + data.len() as u64) {
+        let from = (span.start + span.lo as u64 - offset) as usize;
+        let piece = &data[from..from + (span.hi - span.lo)];
+        let key = block_key(ino, span.index);
+        let stored = block_len(conn, key)?;
+        if span.lo == 0 && span.hi as u64 == BLOCK_SIZE {
+            delta += BLOCK_SIZE as i64 - stored as i64;
             store_block(conn, key, piece)?;
-        } else if hi as u64 <= block_len(conn, key)? {
+        } else if span.hi as u64 <= stored {
             // Inside the stored bytes: patch them in place, so only the
             // pages the write touches change (a 4 KiB database page written
             // into a 64 KiB block dirties one page, not the whole row).
             let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
-            blob.write_all_at(piece, lo).map_err(|_| Errno::EIO)?;
+            blob.write_all_at(piece, span.lo).map_err(|_| Errno::EIO)?;
         } else {
             let mut block = load_block(conn, key)?.unwrap_or_default();
-            let before = block.len() as i64;
-            if block.len() < hi {
-                block.resize(hi, 0);
-            }
-            block[lo..hi].copy_from_slice(piece);
-            delta += block.len() as i64 - before;
+            block.resize(span.hi, 0);
+            block[span.lo..span.hi].copy_from_slice(piece);
+            delta += block.len() as i64 - stored as i64;
             store_block(conn, key, &block)?;
         }
-        pos = start + hi as u64;
     }
     Ok(delta)
 }
@@ -669,25 +666,20 @@ fn write(
 /// change.
 fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
     let mut delta = 0i64;
-    let mut pos = from;
-    while pos < to {
-        let index = pos / BLOCK_SIZE;
-        let start = index * BLOCK_SIZE;
-        let lo = (pos - start) as usize;
-        let hi = (to.min(start + BLOCK_SIZE) - start) as usize;
-        let key = block_key(ino, index);
-        if let Some(mut block) = load_block(conn, key)? {
-            if lo == 0 && (hi as u64 == BLOCK_SIZE || hi >= block.len()) {
-                delta -= block.len() as i64;
-                conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
-                    .execute(params![key])?;
-            } else if lo < block.len() {
-                let top = hi.min(block.len());
-                block[lo..top].fill(0);
-                store_block(conn, key, &block)?;
-            }
+    for span in spans(from, to) {
+        let key = block_key(ino, span.index);
+        let Some(mut block) = load_block(conn, key)? else {
+            continue;
+        };
+        if span.lo == 0 && (span.hi as u64 == BLOCK_SIZE || span.hi >= block.len()) {
+            delta -= block.len() as i64;
+            conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
+                .execute(params![key])?;
+        } else if span.lo < block.len() {
+            let top = span.hi.min(block.len());
+            block[span.lo..top].fill(0);
+            store_block(conn, key, &block)?;
         }
-        pos = start + hi as u64;
     }
     Ok(delta)
 }
@@ -695,18 +687,16 @@ fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Er
 /// Materialises zero-filled storage for `[from, to)` where it is missing.
 fn allocate_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
     let mut delta = 0i64;
-    let mut index = from / BLOCK_SIZE;
-    while index * BLOCK_SIZE < to {
-        let start = index * BLOCK_SIZE;
-        let want = (to.min(start + BLOCK_SIZE) - start) as usize;
-        let key = block_key(ino, index);
+    // Each block from the one holding `from` is filled up to `to`, from its
+    // start: a short block before `from` grows to cover the range too.
+    for span in spans(from, to) {
+        let key = block_key(ino, span.index);
         let mut block = load_block(conn, key)?.unwrap_or_default();
-        if block.len() < want {
-            delta += (want - block.len()) as i64;
-            block.resize(want, 0);
+        if block.len() < span.hi {
+            delta += (span.hi - block.len()) as i64;
+            block.resize(span.hi, 0);
             store_block(conn, key, &block)?;
         }
-        index += 1;
     }
     Ok(delta)
 }
@@ -814,7 +804,7 @@ fn set_xattr(
         "INSERT OR REPLACE INTO tablix_xattr(ino, name, value) VALUES (?1, ?2, ?3)",
     )?
     .execute(params![ino as i64, name, value])?;
-    change_links(conn, ino, now, 0)?;
+    touch_inode(conn, ino, now)?;
     Ok(FsReply::Done)
 }
 
@@ -827,6 +817,6 @@ fn remove_xattr(conn: &Connection, now: i64, ino: Ino, name: &[u8]) -> Result<Fs
     if n == 0 {
         return Err(Errno::ENODATA);
     }
-    change_links(conn, ino, now, 0)?;
+    touch_inode(conn, ino, now)?;
     Ok(FsReply::Done)
 }

@@ -17,7 +17,7 @@ use rusqlite::{Connection, params};
 
 use crate::errno::Errno;
 use crate::op::{Ino, ROOT};
-use crate::schema::{BLOCK_INDEX_BITS, BLOCK_SIZE};
+use crate::schema::{BLOCK_SIZE, split_block_key};
 
 /// What a check found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -59,32 +59,25 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
         return Ok(r);
     }
 
-    let bad_parent: Vec<i64> = all(
+    remove_found(
         conn,
+        repair,
+        &mut r,
         "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode p ON p.ino = d.parent
          WHERE p.ino IS NULL OR (p.mode & 61440) != 16384",
+        "DELETE FROM tablix_dirent WHERE id = ?1",
+        |id| format!("2: entry {id} is in a missing or non-directory parent"),
+        |id| format!("removed entry {id}"),
     )?;
-    for id in bad_parent {
-        r.problems.push(format!(
-            "2: entry {id} is in a missing or non-directory parent"
-        ));
-        if repair {
-            conn.execute("DELETE FROM tablix_dirent WHERE id = ?1", params![id])?;
-            r.repairs.push(format!("removed entry {id}"));
-        }
-    }
-    let dangling: Vec<i64> = all(
+    remove_found(
         conn,
+        repair,
+        &mut r,
         "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode i ON i.ino = d.ino WHERE i.ino IS NULL",
+        "DELETE FROM tablix_dirent WHERE id = ?1",
+        |id| format!("3: entry {id} names a missing inode"),
+        |id| format!("removed dangling entry {id}"),
     )?;
-    for id in dangling {
-        r.problems
-            .push(format!("3: entry {id} names a missing inode"));
-        if repair {
-            conn.execute("DELETE FROM tablix_dirent WHERE id = ?1", params![id])?;
-            r.repairs.push(format!("removed dangling entry {id}"));
-        }
-    }
 
     // Inodes no entry names: open-but-unlinked ones are expected (nlink 0);
     // others are lost and go to /lost+found.
@@ -190,20 +183,16 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
         r.problems.push(format!("7: symlink {ino} has no target"));
         r.unrepaired += 1;
     }
-    let stray_targets: Vec<i64> = all(
+    remove_found(
         conn,
+        repair,
+        &mut r,
         "SELECT s.ino FROM tablix_symlink s LEFT JOIN tablix_inode i ON i.ino = s.ino
          WHERE i.ino IS NULL OR (i.mode & 61440) != 40960",
+        "DELETE FROM tablix_symlink WHERE ino = ?1",
+        |ino| format!("7: inode {ino} has a symlink target but is not a symlink"),
+        |ino| format!("removed the stray target of {ino}"),
     )?;
-    for ino in stray_targets {
-        r.problems.push(format!(
-            "7: inode {ino} has a symlink target but is not a symlink"
-        ));
-        if repair {
-            conn.execute("DELETE FROM tablix_symlink WHERE ino = ?1", params![ino])?;
-            r.repairs.push(format!("removed the stray target of {ino}"));
-        }
-    }
     if !repair {
         r.unrepaired = r.problems.len();
     }
@@ -221,22 +210,19 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
 
 fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), Errno> {
     // Blocks of missing or non-regular inodes.
-    let stray: Vec<i64> = all(
+    remove_found(
         conn,
+        repair,
+        r,
         "SELECT b.id FROM tablix_block b LEFT JOIN tablix_inode i ON i.ino = b.id >> 24
          WHERE i.ino IS NULL OR (i.mode & 61440) != 32768",
+        "DELETE FROM tablix_block WHERE id = ?1",
+        |id| {
+            let (ino, index) = split_block_key(id);
+            format!("6: block {index} of inode {ino} belongs to no regular file")
+        },
+        |id| format!("removed block {id}"),
     )?;
-    for id in stray {
-        let ino = id >> BLOCK_INDEX_BITS;
-        r.problems.push(format!(
-            "6: block {} of inode {ino} belongs to no regular file",
-            id & ((1 << BLOCK_INDEX_BITS) - 1)
-        ));
-        if repair {
-            conn.execute("DELETE FROM tablix_block WHERE id = ?1", params![id])?;
-            r.repairs.push(format!("removed block {id}"));
-        }
-    }
     // Bytes stored past the size.
     let past: Vec<(i64, i64, i64, i64)> = {
         let mut st = conn.prepare(
@@ -250,7 +236,7 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
         rows.collect::<Result<_, _>>()?
     };
     for (id, idx, len, size) in past {
-        let ino = id >> BLOCK_INDEX_BITS;
+        let ino = split_block_key(id).0;
         r.problems.push(format!(
             "6: block {idx} of inode {ino} holds {len} bytes, past the size {size}"
         ));
@@ -292,6 +278,27 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
             )?;
             r.repairs
                 .push(format!("set the allocation of inode {ino} to {actual}"));
+        }
+    }
+    Ok(())
+}
+
+/// Reports each row `find` returns as a problem and, with `repair`, removes
+/// it with `delete` (which takes the row's key as ?1).
+fn remove_found(
+    conn: &Connection,
+    repair: bool,
+    r: &mut Report,
+    find: &str,
+    delete: &str,
+    problem: impl Fn(i64) -> String,
+    repaired: impl Fn(i64) -> String,
+) -> Result<(), Errno> {
+    for key in all::<i64>(conn, find)? {
+        r.problems.push(problem(key));
+        if repair {
+            conn.execute(delete, params![key])?;
+            r.repairs.push(repaired(key));
         }
     }
     Ok(())

@@ -8,7 +8,7 @@ use crate::inode::{
     ATTR_COLUMNS, attr, attr_from_row, check_lookup_name, child, directory, parent_of,
 };
 use crate::op::{Attr, Ino};
-use crate::schema::{BLOCK_SIZE, block_key};
+use crate::schema::{BLOCK_SIZE, block_key, split_block_key};
 
 pub fn getattr(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
     attr(conn, ino)
@@ -115,7 +115,7 @@ pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u
     let mut rows = st.query(params![block_key(ino, first), block_key(ino, last)])?;
     while let Some(row) = rows.next()? {
         let key: i64 = row.get(0)?;
-        let start = (key as u64 & ((1 << crate::schema::BLOCK_INDEX_BITS) - 1)) * BLOCK_SIZE;
+        let start = split_block_key(key).1 * BLOCK_SIZE;
         let data = row.get_ref(1)?.as_blob().map_err(|_| Errno::EIO)?;
         let from = offset.max(start);
         let to = end.min(start + data.len() as u64);
@@ -175,16 +175,15 @@ pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64
     let keys = st.query_map(params![block_key(ino, first), block_key(ino, last)], |r| {
         r.get::<_, i64>(0)
     })?;
-    let mask = (1u64 << crate::schema::BLOCK_INDEX_BITS) - 1;
     match whence {
         libc::SEEK_DATA => match keys.into_iter().next() {
-            Some(key) => Ok(((key? as u64 & mask) * BLOCK_SIZE).max(offset)),
+            Some(key) => Ok((split_block_key(key?).1 * BLOCK_SIZE).max(offset)),
             None => Err(Errno::ENXIO),
         },
         libc::SEEK_HOLE => {
             let mut expect = first;
             for key in keys {
-                let index = key? as u64 & mask;
+                let index = split_block_key(key?).1;
                 if index != expect {
                     break;
                 }

@@ -28,9 +28,48 @@ pub const LINK_MAX: u32 = 65000;
 /// Largest extended attribute value (XATTR_SIZE_MAX).
 pub const XATTR_VALUE_MAX: usize = 65536;
 
+/// The largest block index.
+pub const LAST_BLOCK_INDEX: u64 = (1 << BLOCK_INDEX_BITS) - 1;
+
 /// The key of block `index` of inode `ino`.
 pub fn block_key(ino: u64, index: u64) -> i64 {
     ((ino << BLOCK_INDEX_BITS) | index) as i64
+}
+
+/// The inode and block index a block key stands for.
+pub fn split_block_key(key: i64) -> (u64, u64) {
+    let key = key as u64;
+    (key >> BLOCK_INDEX_BITS, key & LAST_BLOCK_INDEX)
+}
+
+/// The part of one block a byte range `[from, to)` covers.
+pub(crate) struct Span {
+    pub index: u64,
+    /// Offset of the block in the file.
+    pub start: u64,
+    /// The covered bytes within the block.
+    pub lo: usize,
+    pub hi: usize,
+}
+
+/// The blocks `[from, to)` touches, in order, with the part of each.
+pub(crate) fn spans(from: u64, to: u64) -> impl Iterator<Item = Span> {
+    let mut pos = from;
+    std::iter::from_fn(move || {
+        if pos >= to {
+            return None;
+        }
+        let index = pos / BLOCK_SIZE;
+        let start = index * BLOCK_SIZE;
+        let span = Span {
+            index,
+            start,
+            lo: (pos - start) as usize,
+            hi: (to.min(start + BLOCK_SIZE) - start) as usize,
+        };
+        pos = start + span.hi as u64;
+        Some(span)
+    })
 }
 
 /// Schema migration creating the file system, with its root directory.
@@ -119,5 +158,23 @@ mod tests {
         assert!(SCHEMA.contains(&format!("id & {}", (1u64 << BLOCK_INDEX_BITS) - 1)));
         assert_eq!(MAX_FILE_SIZE, 1 << 40);
         assert_eq!(block_key(3, 5), (3 << 24) | 5);
+        assert_eq!(split_block_key(block_key(3, 5)), (3, 5));
+    }
+
+    #[test]
+    fn spans_cover_a_range_block_by_block() {
+        let got: Vec<_> = spans(BLOCK_SIZE - 2, 2 * BLOCK_SIZE + 3)
+            .map(|s| (s.index, s.start, s.lo, s.hi))
+            .collect();
+        let b = BLOCK_SIZE as usize;
+        assert_eq!(
+            got,
+            [
+                (0, 0, b - 2, b),
+                (1, BLOCK_SIZE, 0, b),
+                (2, 2 * BLOCK_SIZE, 0, 3)
+            ]
+        );
+        assert_eq!(spans(5, 5).count(), 0);
     }
 }
