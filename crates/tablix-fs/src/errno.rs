@@ -28,6 +28,9 @@ impl Errno {
     pub const EROFS: Errno = Errno(libc::EROFS);
     pub const EBUSY: Errno = Errno(libc::EBUSY);
     pub const EAGAIN: Errno = Errno(libc::EAGAIN);
+    pub const EBADF: Errno = Errno(libc::EBADF);
+    pub const EINTR: Errno = Errno(libc::EINTR);
+    pub const EPIPE: Errno = Errno(libc::EPIPE);
 
     pub fn code(self) -> i32 {
         self.0

@@ -21,6 +21,21 @@ pub fn store_errno(e: &StoreError) -> Errno {
     }
 }
 
+/// The errno for a pipe operation's failure.
+pub fn pipe_errno(e: &tablix_pipe::PipeError) -> Errno {
+    use tablix_pipe::PipeError as P;
+    match e {
+        P::Exists(_) => Errno(libc::EEXIST),
+        P::NoSuchName(_) | P::NoSuchPipe(_) => Errno::ENOENT,
+        P::InvalidName(_) => Errno::EINVAL,
+        P::NoSuchHandle(_) => Errno::EBADF,
+        P::InvalidCapacity(_) => Errno::EINVAL,
+        P::BrokenPipe => Errno(libc::EPIPE),
+        P::Sql(m) if m.contains(DISK_FULL) => Errno::ENOSPC,
+        P::Sql(_) => Errno::EIO,
+    }
+}
+
 pub fn to_fuser(e: Errno) -> fuser::Errno {
     fuser::Errno::from_i32(e.code())
 }

@@ -11,15 +11,16 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tablix_fs::{Attr, Errno, FsOp, FsReply, Ino, SetAttr, SetTime, read};
+use tablix_fs::{Attr, Errno, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, read};
 use tablix_store::{Command, Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{store_errno, to_fuser};
+use crate::pipes::{CONTROL_INO, CONTROL_NAME, Pipes, is_virtual};
 
 /// How the mount behaves.
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct FsConfig {
 pub struct TablixFs {
     store: Arc<Store>,
     config: FsConfig,
+    /// The pipe files under `.tablix/pipes` (virtual inodes).
+    pipes: Arc<Pipes>,
     /// Set when the kernel ends the session (the file system was unmounted).
     ended: Arc<AtomicBool>,
 }
@@ -49,6 +52,7 @@ const GENERATION: Generation = Generation(0);
 impl TablixFs {
     pub fn new(store: Arc<Store>, config: FsConfig, ended: Arc<AtomicBool>) -> TablixFs {
         TablixFs {
+            pipes: Pipes::new(Arc::clone(&store)),
             store,
             config,
             ended,
@@ -86,6 +90,12 @@ impl TablixFs {
         }
     }
 
+    /// The control directory's name at the root: it cannot be removed,
+    /// renamed or replaced.
+    fn is_control(parent: u64, name: &OsStr) -> bool {
+        parent == ROOT && name.as_bytes() == CONTROL_NAME
+    }
+
     fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
         match r {
             Ok(()) => reply.ok(),
@@ -94,6 +104,14 @@ impl TablixFs {
     }
 
     fn setattr_inner(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
+        if is_virtual(ino) {
+            // A pipe has no length to truncate (O_TRUNC on a FIFO is
+            // ignored too); its owner and mode are fixed at creation.
+            if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+                return Err(Errno::EPERM);
+            }
+            return self.pipes.getattr(ino);
+        }
         if set == SetAttr::default() {
             return self.read(|c| read::getattr(c, ino));
         }
@@ -108,6 +126,9 @@ impl TablixFs {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr, Errno> {
+        if is_virtual(parent.0) {
+            return Err(Errno::EPERM);
+        }
         self.change_attr(FsOp::MakeNode {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -168,7 +189,11 @@ impl TablixFs {
     }
 
     fn access_inner(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
-        let a = self.read(|c| read::getattr(c, ino))?;
+        let a = if is_virtual(ino) {
+            self.pipes.getattr(ino)?
+        } else {
+            self.read(|c| read::getattr(c, ino))?
+        };
         let mask = mask.bits() as u32 & 0o7;
         if mask == 0 {
             return Ok(());
@@ -246,11 +271,19 @@ impl Filesystem for TablixFs {
     }
 
     fn destroy(&mut self) {
+        self.pipes.stop();
         self.ended.store(true, Ordering::Release);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.read(|c| read::lookup(c, parent.0, name.as_bytes())) {
+        let r = if Self::is_control(parent.0, name) {
+            self.pipes.getattr(CONTROL_INO)
+        } else if is_virtual(parent.0) {
+            self.pipes.lookup(parent.0, name.as_bytes())
+        } else {
+            self.read(|c| read::lookup(c, parent.0, name.as_bytes()))
+        };
+        match r {
             // A missing name is cached by the kernel as a negative entry
             // (node 0) for the TTL; creating it goes through the kernel,
             // which replaces that entry.
@@ -262,13 +295,21 @@ impl Filesystem for TablixFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        if is_virtual(ino.0) {
+            return;
+        }
         if let Err(e) = self.forget_inner(vec![ino.0]) {
             tracing::warn!("forget of inode {}: {e}", ino.0);
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.read(|c| read::getattr(c, ino.0)) {
+        let r = if is_virtual(ino.0) {
+            self.pipes.getattr(ino.0)
+        } else {
+            self.read(|c| read::getattr(c, ino.0))
+        };
+        match r {
             Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -342,6 +383,14 @@ impl Filesystem for TablixFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_virtual(parent.0) {
+            Self::reply_empty(reply, self.pipes.unlink(parent.0, name.as_bytes()));
+            return;
+        }
+        if Self::is_control(parent.0, name) {
+            Self::reply_empty(reply, Err(Errno::EPERM));
+            return;
+        }
         let r = self.change(FsOp::Unlink {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -350,6 +399,10 @@ impl Filesystem for TablixFs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_virtual(parent.0) || Self::is_control(parent.0, name) {
+            Self::reply_empty(reply, Err(Errno::EPERM));
+            return;
+        }
         let r = self.change(FsOp::Rmdir {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -365,6 +418,10 @@ impl Filesystem for TablixFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        if is_virtual(parent.0) {
+            self.reply_entry(reply, Err(Errno::EPERM));
+            return;
+        }
         let r = self.change_attr(FsOp::Symlink {
             parent: parent.0,
             name: link_name.as_bytes().to_vec(),
@@ -385,6 +442,14 @@ impl Filesystem for TablixFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        if is_virtual(parent.0)
+            || is_virtual(newparent.0)
+            || Self::is_control(parent.0, name)
+            || Self::is_control(newparent.0, newname)
+        {
+            Self::reply_empty(reply, Err(Errno::EPERM));
+            return;
+        }
         let r = self.change(FsOp::Rename {
             parent: parent.0,
             name: name.as_bytes().to_vec(),
@@ -403,6 +468,10 @@ impl Filesystem for TablixFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        if is_virtual(ino.0) || is_virtual(newparent.0) {
+            self.reply_entry(reply, Err(Errno::EPERM));
+            return;
+        }
         let r = self.change_attr(FsOp::Link {
             ino: ino.0,
             parent: newparent.0,
@@ -411,25 +480,78 @@ impl Filesystem for TablixFs {
         self.reply_entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // No per-open state is kept here. ENOSYS tells the kernel to open
-        // files without asking (no OPEN and no RELEASE round trips); it
-        // then keeps its page cache across opens, which is right because
-        // every change to a file comes through this mount.
-        reply.error(to_fuser(Errno(libc::ENOSYS)));
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if is_virtual(ino.0) {
+            self.pipes.open(ino.0, flags.0, req.pid(), reply);
+            return;
+        }
+        // No per-open state is kept for files; the kernel keeps its page
+        // cache across opens, which is right because every change to a
+        // file comes through this mount. (OPEN cannot be refused with
+        // ENOSYS to save the round trip: that would switch it off for the
+        // pipe files too.)
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if is_virtual(ino.0) {
+            self.pipes.release(fh.0);
+        }
+        reply.ok();
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        ph: PollNotifier,
+        events: PollEvents,
+        flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        if !is_virtual(ino.0) {
+            // Files are always ready. (ENOSYS would make the kernel stop
+            // asking for every file of the mount, pipes included.)
+            reply.poll(
+                events
+                    & (PollEvents::POLLIN
+                        | PollEvents::POLLOUT
+                        | PollEvents::POLLRDNORM
+                        | PollEvents::POLLWRNORM),
+            );
+            return;
+        }
+        match self.pipes.poll(fh.0, ph, events, flags) {
+            Ok(ready) => reply.poll(ready),
+            Err(e) => reply.error(to_fuser(e)),
+        }
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if is_virtual(ino.0) {
+            self.pipes.read(fh.0, size, flags.0, req.pid(), reply);
+            return;
+        }
         match self.read(|c| read::read(c, ino.0, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(to_fuser(e)),
@@ -438,16 +560,20 @@ impl Filesystem for TablixFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if is_virtual(ino.0) {
+            self.pipes.write(fh.0, data, flags.0, req.pid(), reply);
+            return;
+        }
         let r = self.change(FsOp::Write {
             ino: ino.0,
             offset,
@@ -478,16 +604,26 @@ impl Filesystem for TablixFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if is_virtual(ino.0) {
+            // Every byte of a pipe is in the memory database already.
+            reply.ok();
+            return;
+        }
         Self::reply_empty(reply, self.fsync_inner());
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.read(|c| read::getattr(c, ino.0)) {
+        let r = if is_virtual(ino.0) {
+            self.pipes.getattr(ino.0)
+        } else {
+            self.read(|c| read::getattr(c, ino.0))
+        };
+        match r {
             Ok(a) if a.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(to_fuser(Errno::ENOTDIR)),
             Err(e) => reply.error(to_fuser(e)),
@@ -502,6 +638,25 @@ impl Filesystem for TablixFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        if is_virtual(ino.0) {
+            match self.pipes.readdir(ino.0, offset) {
+                Ok(entries) => {
+                    for (ino, next, attr, name) in entries {
+                        if reply.add(
+                            INodeNo(ino),
+                            next,
+                            kind_of(attr.mode),
+                            OsStr::from_bytes(&name),
+                        ) {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(to_fuser(e)),
+            }
+            return;
+        }
         let r = self.read(|c| {
             read::readdir(c, ino.0, offset, |e| {
                 !reply.add(
@@ -527,6 +682,28 @@ impl Filesystem for TablixFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.config.ttl;
+        if is_virtual(ino.0) {
+            match self.pipes.readdir(ino.0, offset) {
+                Ok(entries) => {
+                    for (ino, next, attr, name) in entries {
+                        let added = reply.add(
+                            INodeNo(ino),
+                            next,
+                            OsStr::from_bytes(&name),
+                            &ttl,
+                            &file_attr(&attr),
+                            GENERATION,
+                        );
+                        if added {
+                            break;
+                        }
+                    }
+                    reply.ok();
+                }
+                Err(e) => reply.error(to_fuser(e)),
+            }
+            return;
+        }
         let r = self.read(|c| {
             read::readdir(c, ino.0, offset, |e| {
                 !reply.add(
@@ -582,6 +759,10 @@ impl Filesystem for TablixFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if is_virtual(ino.0) {
+            Self::reply_empty(reply, Err(Errno::EOPNOTSUPP));
+            return;
+        }
         let r = self.change(FsOp::SetXattr {
             ino: ino.0,
             name: name.as_bytes().to_vec(),
@@ -592,16 +773,28 @@ impl Filesystem for TablixFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let r = self.read(|c| read::getxattr(c, ino.0, name.as_bytes()));
+        let r = if is_virtual(ino.0) {
+            Err(Errno::ENODATA)
+        } else {
+            self.read(|c| read::getxattr(c, ino.0, name.as_bytes()))
+        };
         reply_xattr(reply, r, size);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let r = self.read(|c| read::listxattr(c, ino.0));
+        let r = if is_virtual(ino.0) {
+            Ok(Vec::new())
+        } else {
+            self.read(|c| read::listxattr(c, ino.0))
+        };
         reply_xattr(reply, r, size);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_virtual(ino.0) {
+            Self::reply_empty(reply, Err(Errno::ENODATA));
+            return;
+        }
         let r = self.change(FsOp::RemoveXattr {
             ino: ino.0,
             name: name.as_bytes().to_vec(),
@@ -620,9 +813,15 @@ impl Filesystem for TablixFs {
         name: &OsStr,
         mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
+        if is_virtual(parent.0) {
+            let who = (req.uid(), req.gid(), req.pid());
+            self.pipes
+                .create(parent.0, name, mode, flags, who, &self.config.ttl, reply);
+            return;
+        }
         let mode = libc::S_IFREG | (mode & 0o7777);
         match self.make_node(req, parent, name, mode, 0) {
             Ok(a) => reply.created(
@@ -646,6 +845,10 @@ impl Filesystem for TablixFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        if is_virtual(ino.0) {
+            Self::reply_empty(reply, Err(Errno(libc::ESPIPE)));
+            return;
+        }
         let r = self.change(FsOp::Fallocate {
             ino: ino.0,
             offset,
@@ -664,7 +867,9 @@ impl Filesystem for TablixFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let r = if offset < 0 {
+        let r = if is_virtual(ino.0) {
+            Err(Errno(libc::ESPIPE))
+        } else if offset < 0 {
             Err(Errno::ENXIO)
         } else {
             self.read(|c| read::seek(c, ino.0, offset as u64, whence))

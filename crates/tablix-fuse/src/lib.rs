@@ -14,6 +14,8 @@ mod attr;
 pub mod errno;
 mod fs;
 mod mount;
+mod pipes;
 
 pub use fs::{FsConfig, TablixFs};
 pub use mount::{MountError, MountOptions, Mounted, mount};
+pub use pipes::{CONTROL_NAME, PIPES_NAME};

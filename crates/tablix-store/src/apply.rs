@@ -7,7 +7,7 @@ use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, OpenFlags, params};
 use tablix_vfs::ClockVfs;
 
-use crate::command::{Command, DaemonRecord, Stamp, Stamped};
+use crate::command::{Command, Stamp, Stamped};
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
 use crate::exec;
@@ -33,6 +33,13 @@ pub(crate) struct Applier {
     rng: Arc<AtomicU64>,
     clock: ClockVfs,
 }
+
+/// How the writer begins a transaction. Deferred, not IMMEDIATE: this
+/// connection is the only writer of the persistent database, so its first
+/// write can never find another, and IMMEDIATE would also take RESERVED on
+/// the attached memory database, whose write-intent gate belongs to the
+/// memory database's own writers.
+const BEGIN_WRITE: &str = "BEGIN";
 
 /// Attaches the memory database `mem_uri` as `mem`, as every store
 /// connection does, so that one query can join it with the main database.
@@ -74,7 +81,6 @@ impl Applier {
         conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
         schema::migrate(&conn, &path)?;
         attach_memory(&conn, mem_uri)?;
-        conn.execute_batch(schema::MEMORY_SCHEMA)?;
         tablix_pcache::register_stats_table(&conn)?;
         let rng = Arc::new(AtomicU64::new(0));
         register_random(&conn, &rng)?;
@@ -109,7 +115,7 @@ impl Applier {
         }
         let had_pending = !self.conn.is_autocommit();
         if !had_pending {
-            self.batch_sql("BEGIN IMMEDIATE")?;
+            self.batch_sql(BEGIN_WRITE)?;
         }
         let r = self.pending_savepoint(item);
         if self.conn.is_autocommit() {
@@ -215,31 +221,10 @@ impl Applier {
                     ..Applied::default()
                 })
             }
-            Command::SetDaemon(record) => self
-                .set_daemon(record, item.stamp)
-                .map(|()| Applied::default())
-                .map_err(|e| StoreError::Apply(error_message(&e))),
+            Command::SetDaemon(_) | Command::Pipe(_) | Command::Proc(_) => Err(StoreError::Apply(
+                "a memory-database Command reached the writer".into(),
+            )),
         }
-    }
-
-    fn set_daemon(&self, d: &DaemonRecord, stamp: Stamp) -> rusqlite::Result<()> {
-        self.conn
-            .prepare_cached("DELETE FROM mem.daemon")?
-            .execute([])?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO mem.daemon(pid, http_addr, data_dir, mode, version, started_ns)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                d.pid,
-                d.http_addr,
-                d.data_dir,
-                d.mode,
-                d.version,
-                stamp.unix_nanos
-            ])?;
-        Ok(())
     }
 
     /// Applies `items` in one SQLite transaction, each inside its own
@@ -257,7 +242,7 @@ impl Applier {
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
         let mut excluded: Vec<Option<Result<Applied, String>>> = vec![None; items.len()];
         'attempt: loop {
-            self.batch_sql("BEGIN IMMEDIATE")?;
+            self.batch_sql(BEGIN_WRITE)?;
             let mut results = Vec::with_capacity(items.len());
             for (i, item) in items.iter().enumerate() {
                 if let Some(r) = &excluded[i] {

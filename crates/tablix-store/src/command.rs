@@ -71,6 +71,21 @@ pub enum Command {
     SetDaemon(DaemonRecord),
     /// A file-system operation (the FUSE mount's writes).
     Fs(tablix_fs::FsOp),
+    /// A pipe operation, on the memory database.
+    Pipe(tablix_pipe::PipeOp),
+    /// A batch of process events, on the memory database.
+    Proc(tablix_proc::ProcOp),
+}
+
+impl Command {
+    /// Whether the Command changes only the memory database (volatile
+    /// state, applied at once on the caller's thread, never synced).
+    pub fn is_volatile(&self) -> bool {
+        matches!(
+            self,
+            Command::SetDaemon(_) | Command::Pipe(_) | Command::Proc(_)
+        )
+    }
 }
 
 /// The non-deterministic inputs of a Command, fixed by whoever proposes it.

@@ -3,8 +3,10 @@
 //! [`Command`] applied by [`Store`].
 //!
 //! * a persistent database (`DATA/tablix.db`, WAL) for files and user tables,
-//!   and a memory database attached as `mem` for volatile state, so one query
-//!   joins both;
+//!   and a memory database attached as `mem` for volatile state (the daemon
+//!   record, pipes, the process table), so one query joins both. The memory
+//!   database is on tablix-vfs's blocking memory VFS; its Commands are
+//!   applied at once on the caller's thread, each in its own transaction;
 //! * a single writer thread that applies Commands with group commit: every
 //!   Command queued while the previous commit was in flight goes into the next
 //!   SQLite transaction, each in its own SAVEPOINT;
@@ -27,6 +29,7 @@ mod schema;
 mod stamp;
 mod stats;
 mod store;
+mod volatile;
 mod writer;
 
 pub use command::{Command, DaemonRecord, Params, Stamp, Stamped, Statement, Value};

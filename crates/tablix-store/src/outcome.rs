@@ -47,6 +47,8 @@ pub struct Applied {
     pub rolled_back: bool,
     /// What a `Command::Fs` returned.
     pub fs: Option<Result<tablix_fs::FsReply, tablix_fs::Errno>>,
+    /// What a `Command::Pipe` returned.
+    pub pipe: Option<Result<tablix_pipe::PipeReply, tablix_pipe::PipeError>>,
 }
 
 impl Applied {

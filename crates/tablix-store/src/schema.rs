@@ -34,9 +34,10 @@ const MIGRATIONS: &[Migration] = &[
 
 pub const LATEST_SCHEMA_VERSION: u32 = 2;
 
-/// Volatile state, created afresh in the memory database at every start.
+/// Volatile state, created afresh in the memory database at every start
+/// (unqualified: created on a connection that has it as `main`).
 pub const MEMORY_SCHEMA: &str = "
-CREATE TABLE mem.daemon(
+CREATE TABLE daemon(
     pid        INTEGER NOT NULL,
     http_addr  TEXT NOT NULL,
     data_dir   TEXT NOT NULL,

@@ -18,6 +18,7 @@ use crate::lock::DirLock;
 use crate::outcome::{Applied, StatementOutcome};
 use crate::readers::Readers;
 use crate::stats::{Counters, StoreStats};
+use crate::volatile::Volatile;
 use crate::writer::{Request, Writer};
 
 /// Distinguishes the memory databases of stores opened in one process.
@@ -60,6 +61,7 @@ pub struct Store {
     tx: Mutex<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     readers: Readers,
+    volatile: Volatile,
     counters: Arc<Counters>,
     _lock: DirLock,
 }
@@ -72,13 +74,13 @@ impl Store {
             source,
         })?;
         let lock = DirLock::acquire(&config.data_dir)?;
-        let mem_uri = format!(
-            "file:/tablix-mem-{}-{}?vfs=memdb",
+        let volatile = Volatile::open(&format!(
+            "tablix-mem-{}-{}",
             std::process::id(),
             NEXT_MEMORY_DB.fetch_add(1, Ordering::Relaxed)
-        );
-        let applier = Arc::new(Mutex::new(Applier::open(&config, &mem_uri)?));
-        let readers = Readers::open(&config, &mem_uri)?;
+        ))?;
+        let applier = Arc::new(Mutex::new(Applier::open(&config, volatile.uri())?));
+        let readers = Readers::open(&config, volatile.uri())?;
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
@@ -95,6 +97,7 @@ impl Store {
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             readers,
+            volatile,
             counters,
             _lock: lock,
         })
@@ -115,6 +118,9 @@ impl Store {
     /// Queues a Command for the writer. The ticket resolves once the group
     /// it joined has committed at the configured durability.
     pub fn submit(&self, stamped: Stamped) -> Ticket<Applied> {
+        if stamped.command.is_volatile() {
+            return Ticket::ready(self.apply_volatile(&stamped));
+        }
         let (reply, rx) = oneshot::channel();
         match self.send(Request::Apply(Box::new(stamped), reply)) {
             Ok(()) => Ticket { rx },
@@ -124,7 +130,28 @@ impl Store {
 
     /// Applies a Command and waits for it.
     pub fn apply(&self, stamp: Stamp, command: Command) -> Result<Applied, StoreError> {
-        self.submit(Stamped::new(stamp, command)).wait()
+        let stamped = Stamped::new(stamp, command);
+        if stamped.command.is_volatile() {
+            return self.apply_volatile(&stamped);
+        }
+        self.submit(stamped).wait()
+    }
+
+    /// Applies a Command of the memory database at once, on this thread,
+    /// in its own transaction (see `volatile.rs`).
+    fn apply_volatile(&self, stamped: &Stamped) -> Result<Applied, StoreError> {
+        Counters::add(&self.counters.commands, 1);
+        self.volatile.apply(stamped)
+    }
+
+    /// Runs tablix's own read-only SQL on the memory database (as `main`),
+    /// for crates that own its tables: pipes and processes.
+    pub fn read_volatile<R>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> R,
+    ) -> Result<R, StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        self.volatile.read(f)
     }
 
     /// Applies a file-system operation. In sync mode this is [`Store::apply`]

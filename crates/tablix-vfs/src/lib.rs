@@ -10,6 +10,14 @@
 //! Command sees the time carried inside that Command, never the wall clock.
 //! Replaying the same Commands therefore produces the same database.
 //!
+//! The memory VFS (`tablix-mem`, [`register_mem_vfs`]) keeps databases in
+//! process memory, shared by name between connections, with a lock protocol
+//! under which connections wait instead of seeing SQLITE_BUSY: a write
+//! transaction first takes the database's write-intent gate
+//! ([`write_intent`]), a pending writer keeps new readers out, and readers
+//! queued behind one writer go before the next. DESIGN.md gives its state
+//! diagram and invariants.
+//!
 //! [`FaultVfs`] wraps the platform VFS for tests: it simulates power loss
 //! (dropping everything not synced) and I/O errors.
 #![allow(unsafe_code)]
@@ -17,7 +25,12 @@
 mod clock;
 mod connection;
 mod fault;
+mod mem;
 
 pub use clock::{ClockVfs, VfsError, is_registered};
 pub use connection::{set_last_insert_rowid, sync_journal};
 pub use fault::FaultVfs;
+pub use mem::{
+    MEM_VFS_NAME, MemLockStats, WriteIntent, drop_mem_database, mem_lock_stats, register_mem_vfs,
+    write_intent,
+};

@@ -27,6 +27,61 @@ pub enum Command {
     /// Check the file system of a data directory (the daemon must be
     /// stopped) and repair what can be repaired safely.
     Fsck(FsckArgs),
+    /// Named database-backed pipes under MOUNT/.tablix/pipes.
+    Pipe(PipeArgs),
+    /// Run a command whose pipe() and pipe2() make database-backed pipes
+    /// (through an LD_PRELOAD library), across fork and exec.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PipeArgs {
+    #[command(subcommand)]
+    pub which: PipeCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PipeCommand {
+    /// Create a named pipe: MOUNT/.tablix/pipes/NAME, which programs open,
+    /// read and write like a FIFO.
+    Create {
+        /// Data directory whose daemon serves the mount [default: as for `tablix up`]
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+        /// Permission bits, in octal.
+        #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
+        mode: u32,
+        /// Pipe name: a file name of 1 to 255 bytes without '/'.
+        name: String,
+    },
+    /// Remove a named pipe (it lives on while ends are open).
+    Remove {
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+        name: String,
+    },
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("{s:?} is not an octal mode such as 600 or 0644")),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Data directory whose daemon serves the mount [default: as for `tablix up`]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -76,6 +131,13 @@ pub struct UpArgs {
     /// Threads serving file-system requests.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub fuse_threads: u64,
+    /// Exited processes kept in the `processes` table.
+    #[arg(long, value_name = "N", default_value_t = tablix_proc::schema::DEFAULT_HISTORY, value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
+    pub process_history: u32,
+    /// How often /proc is scanned when the kernel's process events are
+    /// unavailable (not root).
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub process_poll_ms: u64,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,

@@ -12,6 +12,9 @@ pub struct DaemonFile {
     pub pid: u32,
     pub http_addr: String,
     pub version: String,
+    /// Where the file system is mounted, if it is.
+    #[serde(default)]
+    pub mount: Option<PathBuf>,
 }
 
 const FILE: &str = "daemon.json";
@@ -77,4 +80,33 @@ pub fn not_answering(addr: &str, data: Option<&Path>) -> String {
     format!(
         "no tablix daemon is answering at {addr} (recorded in {dir}/{FILE}, probably left by a daemon that was killed); start one with `tablix up --data {dir}` (or `make run`)"
     )
+}
+
+/// The pipes directory of the running daemon's mount, or a clear error
+/// saying why there is none.
+pub fn pipes_dir(data: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let dir = data_dir(data)?;
+    let Some(daemon) = DaemonFile::read(&dir) else {
+        bail!(
+            "tablix is not running for {} (no daemon.json); start it with `tablix up MOUNTPOINT`",
+            dir.display()
+        );
+    };
+    let Some(mount) = daemon.mount else {
+        bail!(
+            "the tablix daemon (pid {}) of {} has no file system mounted; start it with `tablix up MOUNTPOINT`",
+            daemon.pid,
+            dir.display()
+        );
+    };
+    let pipes = mount.join(".tablix").join("pipes");
+    match std::fs::metadata(&pipes) {
+        Ok(m) if m.is_dir() => Ok(pipes),
+        Ok(_) => bail!("{} is not the tablix pipes directory", pipes.display()),
+        Err(e) => bail!(
+            "the tablix mount at {} is not answering ({e}); is the daemon (pid {}) running?",
+            mount.display(),
+            daemon.pid
+        ),
+    }
 }

@@ -5,6 +5,8 @@ mod cli;
 mod discovery;
 mod fsck;
 mod mount_helper;
+mod pipe;
+mod run;
 mod sql;
 mod up;
 
@@ -28,6 +30,8 @@ fn main() -> ExitCode {
         cli::Command::Sql(args) => sql::run(args),
         cli::Command::Bench(args) => bench::run(args),
         cli::Command::Fsck(args) => fsck::run(args),
+        cli::Command::Pipe(args) => pipe::run(args),
+        cli::Command::Run(args) => run::run(args),
     };
     report(result)
 }

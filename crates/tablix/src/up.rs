@@ -109,6 +109,9 @@ async fn serve(
         })?),
         None => None,
     };
+    // The watcher seeds the table before returning: blocking, not on an
+    // async worker.
+    tokio::task::block_in_place(|| watch_processes(Arc::clone(&store), args))?;
     let app = router(
         store,
         info,
@@ -120,6 +123,7 @@ async fn serve(
         pid: std::process::id(),
         http_addr: addr.to_string(),
         version,
+        mount: mounted.as_ref().map(|m| m.mountpoint().to_path_buf()),
     }
     .write(data)?;
     let mut term = signal(SignalKind::terminate())?;
@@ -155,6 +159,32 @@ async fn serve(
         .await
         .context("serving HTTP")?;
     Ok(mounted)
+}
+
+/// Keeps the `processes` table current: kernel events when privileged,
+/// else polling /proc, which is said once at start.
+fn watch_processes(store: Arc<Store>, args: &UpArgs) -> anyhow::Result<()> {
+    let config = tablix_proc::WatchConfig {
+        history: args.process_history,
+        poll_interval: Duration::from_millis(args.process_poll_ms),
+        force_poll: std::env::var_os("TABLIX_PROCESS_POLL").is_some(),
+    };
+    let watcher = tablix_proc::Watcher::start(config, move |op| {
+        if let Err(e) = store.apply(tablix_store::Stamp::now(), Command::Proc(op)) {
+            tracing::warn!("updating the process table: {e}");
+        }
+    })
+    .context("starting the process-table watcher")?;
+    match watcher.source() {
+        tablix_proc::Source::Connector => {
+            tracing::info!("process table: following the kernel's process events")
+        }
+        tablix_proc::Source::Poll(why) => tracing::warn!(
+            "process table: {why}; polling /proc every {} ms instead",
+            args.process_poll_ms
+        ),
+    }
+    Ok(())
 }
 
 fn mount(

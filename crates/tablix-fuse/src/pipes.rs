@@ -1,0 +1,841 @@
+//! Database-backed pipes on the mount: `MOUNT/.tablix/pipes/NAME`.
+//!
+//! Every byte goes through a transaction of the memory database
+//! (`Command::Pipe`, applied by the store). What a kernel pipe keeps in its
+//! wait queues lives here: FUSE replies not sent yet. A read of an empty
+//! pipe parks its reply on the pipe's reader queue and returns; a later
+//! write serves the first parked reader, and a reader that leaves bytes
+//! behind serves the next (one reader woken at a time, as SQLiteOS does).
+//! Writers blocked on a full pipe park likewise, opens of a named pipe wait
+//! for the other end as FIFO opens do, and poll handles are notified on
+//! every change.
+//!
+//! Invariant: a pipe's queue mutex is held across the transaction and the
+//! queue change that depend on each other, so no wake-up is lost; it is
+//! always taken before the store (the memory database's write gate), never
+//! after.
+//!
+//! The kernel cannot tell us about signals (fuser answers INTERRUPT with
+//! ENOSYS), so a watcher thread looks at the parked callers' pending
+//! signals in /proc and answers a signalled or killed caller with EINTR.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    FileHandle, FopenFlags, PollEvents, PollFlags, PollNotifier, ReplyCreate, ReplyData, ReplyOpen,
+    ReplyWrite,
+};
+use tablix_fs::{Attr, Errno};
+use tablix_pipe::schema::DEFAULT_CAPACITY;
+use tablix_pipe::{End, PipeOp, PipeReply, PipeState};
+use tablix_store::{Command, Stamp, Store};
+
+use crate::errno::{pipe_errno, store_errno, to_fuser};
+
+/// The control directory at the mount's root (looked up by name, not
+/// listed), and the pipes directory inside it.
+pub const CONTROL_NAME: &[u8] = b".tablix";
+pub const PIPES_NAME: &[u8] = b"pipes";
+pub(crate) const CONTROL_INO: u64 = 1 << 48;
+pub(crate) const PIPES_INO: u64 = CONTROL_INO + 1;
+/// Pipe `id` is inode `PIPE_INO_BASE + id`. The file system's own inode
+/// numbers (AUTOINCREMENT from 1) never get near these.
+pub(crate) const PIPE_INO_BASE: u64 = 1 << 49;
+
+/// How often parked callers are checked for signals.
+const SIGNAL_SCAN: Duration = Duration::from_millis(20);
+
+pub(crate) fn is_virtual(ino: u64) -> bool {
+    ino >= CONTROL_INO
+}
+
+fn pipe_of(ino: u64) -> Option<i64> {
+    ino.checked_sub(PIPE_INO_BASE)
+        .and_then(|id| i64::try_from(id).ok())
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn nonblocking(flags: i32) -> bool {
+    flags & libc::O_NONBLOCK != 0
+}
+
+/// What an open of a pipe file is.
+fn end_of(flags: i32) -> End {
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => End::Read,
+        libc::O_WRONLY => End::Write,
+        _ => End::Both,
+    }
+}
+
+/// Pipe files bypass the page cache, have no position and cannot seek.
+fn stream_flags() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE | FopenFlags::FOPEN_STREAM
+}
+
+struct ParkedRead {
+    pid: u32,
+    max: u32,
+    reply: ReplyData,
+}
+
+struct ParkedWrite {
+    pid: u32,
+    data: Vec<u8>,
+    done: usize,
+    reply: ReplyWrite,
+}
+
+struct ParkedOpen {
+    pid: u32,
+    handle: u64,
+    end: End,
+    reply: ReplyOpen,
+}
+
+/// The wait queues of one pipe.
+#[derive(Default)]
+struct Queues {
+    readers: VecDeque<ParkedRead>,
+    writers: VecDeque<ParkedWrite>,
+    opens: Vec<ParkedOpen>,
+    polls: Vec<PollNotifier>,
+}
+
+impl Queues {
+    fn is_idle(&self) -> bool {
+        self.readers.is_empty() && self.writers.is_empty() && self.opens.is_empty()
+    }
+}
+
+/// A listing entry: inode, offset of the next entry, attributes, name.
+pub(crate) type DirEntry = (u64, u64, Attr, Vec<u8>);
+
+#[derive(Clone, Copy)]
+struct Handle {
+    pipe: i64,
+    end: End,
+}
+
+pub(crate) struct Pipes {
+    store: Arc<Store>,
+    queues: Mutex<HashMap<i64, Arc<Mutex<Queues>>>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_handle: AtomicU64,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Pipes {
+    pub(crate) fn new(store: Arc<Store>) -> Arc<Pipes> {
+        let pipes = Arc::new(Pipes {
+            store,
+            queues: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            stopped: AtomicBool::new(false),
+        });
+        let weak = Arc::downgrade(&pipes);
+        let spawned = std::thread::Builder::new()
+            .name("tablix-pipe-signals".into())
+            .spawn(move || watch_signals(weak));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the pipe signal watcher: {e}");
+        }
+        pipes
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    fn queues(&self, pipe: i64) -> Arc<Mutex<Queues>> {
+        lock(&self.queues).entry(pipe).or_default().clone()
+    }
+
+    fn apply(&self, op: PipeOp) -> Result<PipeReply, Errno> {
+        let applied = self
+            .store
+            .apply(Stamp::now(), Command::Pipe(op))
+            .map_err(|e| store_errno(&e))?;
+        match applied.pipe {
+            Some(Ok(r)) => Ok(r),
+            Some(Err(e)) => Err(pipe_errno(&e)),
+            None => Err(Errno::EIO),
+        }
+    }
+
+    fn state(&self, pipe: i64) -> Result<PipeState, Errno> {
+        self.store
+            .read_volatile(|c| {
+                c.query_row(
+                    "SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1",
+                    [pipe],
+                    |r| {
+                        Ok(PipeState {
+                            buffered: r.get::<_, i64>(0)?.max(0) as u64,
+                            capacity: r.get::<_, i64>(1)?.max(0) as u64,
+                            readers: r.get(2)?,
+                            writers: r.get(3)?,
+                        })
+                    },
+                )
+            })
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
+                e => Errno::of_sqlite(&e),
+            })
+    }
+
+    // ----- names and attributes -----
+
+    fn dir_attr(ino: u64) -> Attr {
+        Attr {
+            ino,
+            mode: libc::S_IFDIR | 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            allocated: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            btime_ns: 0,
+        }
+    }
+
+    /// Attributes of a virtual inode.
+    pub(crate) fn getattr(&self, ino: u64) -> Result<Attr, Errno> {
+        match ino {
+            CONTROL_INO | PIPES_INO => Ok(Self::dir_attr(ino)),
+            _ => {
+                let pipe = pipe_of(ino).ok_or(Errno::ENOENT)?;
+                self.pipe_attr(pipe)
+            }
+        }
+    }
+
+    fn pipe_attr(&self, pipe: i64) -> Result<Attr, Errno> {
+        self.store
+            .read_volatile(|c| {
+                c.query_row(
+                    "SELECT uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity
+                     FROM pipe WHERE id = ?1",
+                    [pipe],
+                    |r| {
+                        Ok(Attr {
+                            ino: PIPE_INO_BASE + pipe as u64,
+                            mode: libc::S_IFREG | (r.get::<_, u32>(2)? & 0o7777),
+                            nlink: u32::from(r.get::<_, bool>(3)?),
+                            uid: r.get(0)?,
+                            gid: r.get(1)?,
+                            rdev: 0,
+                            // A pipe file must look like a regular file to
+                            // reach this file system, and programs size
+                            // their buffers from a regular file's length
+                            // (GNU sort spills every line to a temporary
+                            // file at length 0). The capacity is the most a
+                            // pipe holds at once.
+                            size: r.get::<_, i64>(6)?.max(0) as u64,
+                            allocated: 0,
+                            atime_ns: r.get(5)?,
+                            mtime_ns: r.get(5)?,
+                            ctime_ns: r.get(5)?,
+                            btime_ns: r.get(4)?,
+                        })
+                    },
+                )
+            })
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| match e {
+                rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
+                e => Errno::of_sqlite(&e),
+            })
+    }
+
+    /// Looks `name` up in a virtual directory.
+    pub(crate) fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, Errno> {
+        match parent {
+            CONTROL_INO if name == PIPES_NAME => Ok(Self::dir_attr(PIPES_INO)),
+            CONTROL_INO => Err(Errno::ENOENT),
+            PIPES_INO => {
+                let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
+                let id: Option<i64> = self
+                    .store
+                    .read_volatile(|c| {
+                        c.query_row("SELECT id FROM pipe WHERE name = ?1", [name], |r| r.get(0))
+                    })
+                    .map_err(|e| store_errno(&e))?
+                    .ok();
+                self.pipe_attr(id.ok_or(Errno::ENOENT)?)
+            }
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    /// Entries of a virtual directory after `offset`, as (ino, next offset,
+    /// attributes, name).
+    pub(crate) fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let mut all = vec![
+            (ino, Self::dir_attr(ino), b".".to_vec()),
+            (ino, Self::dir_attr(ino), b"..".to_vec()),
+        ];
+        match ino {
+            CONTROL_INO => all.push((PIPES_INO, Self::dir_attr(PIPES_INO), PIPES_NAME.to_vec())),
+            PIPES_INO => {
+                let named: Vec<(i64, String)> = self
+                    .store
+                    .read_volatile(|c| -> rusqlite::Result<Vec<(i64, String)>> {
+                        let mut stmt = c.prepare(
+                            "SELECT id, name FROM pipe WHERE name IS NOT NULL ORDER BY id",
+                        )?;
+                        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                        rows.collect()
+                    })
+                    .map_err(|e| store_errno(&e))?
+                    .map_err(|e| Errno::of_sqlite(&e))?;
+                for (id, name) in named {
+                    if let Ok(a) = self.pipe_attr(id) {
+                        all.push((a.ino, a, name.into_bytes()));
+                    }
+                }
+            }
+            _ => return Err(Errno::ENOTDIR),
+        }
+        Ok(all
+            .into_iter()
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .map(|(i, (ino, a, name))| (ino, i as u64 + 1, a, name))
+            .collect())
+    }
+
+    /// `rm MOUNT/.tablix/pipes/NAME`.
+    pub(crate) fn unlink(&self, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        if parent != PIPES_INO {
+            return Err(Errno::EPERM);
+        }
+        let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
+        self.apply(PipeOp::Unlink {
+            name: name.to_string(),
+            now_ns: now_ns(),
+        })?;
+        Ok(())
+    }
+
+    // ----- opening and closing -----
+
+    fn new_handle(&self, pipe: i64, end: End, pid: u32) -> Result<(u64, u32, u32), Errno> {
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        match self.apply(PipeOp::Open {
+            pipe,
+            handle,
+            end,
+            pid,
+            now_ns: now_ns(),
+        })? {
+            PipeReply::Ends {
+                readers, writers, ..
+            } => {
+                lock(&self.handles).insert(handle, Handle { pipe, end });
+                Ok((handle, readers, writers))
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// Creates pipe `name` in the pipes directory and opens it, as
+    /// `open(O_CREAT)` does. Never waits for the other end: this is how
+    /// `tablix pipe create` and the pipe() of `tablix run` make pipes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        (uid, gid, pid): (u32, u32, u32),
+        ttl: &Duration,
+        reply: ReplyCreate,
+    ) {
+        let r = (|| {
+            if parent != PIPES_INO {
+                return Err(Errno::EPERM);
+            }
+            let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
+            let pipe = match self.apply(PipeOp::Create {
+                name: name.to_string(),
+                uid,
+                gid,
+                mode,
+                capacity: DEFAULT_CAPACITY,
+                exclusive: flags & libc::O_EXCL != 0,
+                now_ns: now_ns(),
+            })? {
+                PipeReply::Created { pipe, .. } => pipe,
+                _ => return Err(Errno::EIO),
+            };
+            let end = end_of(flags);
+            let q = self.queues(pipe);
+            let mut q = lock(&q);
+            let (handle, ..) = self.new_handle(pipe, end, pid)?;
+            self.wake_opens(&mut q, end);
+            let attr = self.pipe_attr(pipe)?;
+            Ok((attr, handle))
+        })();
+        match r {
+            Ok((attr, handle)) => reply.created(
+                ttl,
+                &crate::attr::file_attr(&attr),
+                fuser::Generation(0),
+                FileHandle(handle),
+                stream_flags(),
+            ),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    /// Opens a pipe file. Like a FIFO, a blocking open for reading waits
+    /// for a writer and one for writing waits for a reader; a
+    /// non-blocking open for writing without a reader fails with ENXIO.
+    pub(crate) fn open(&self, ino: u64, flags: i32, pid: u32, reply: ReplyOpen) {
+        let Some(pipe) = pipe_of(ino) else {
+            // The virtual directories are opened with opendir.
+            reply.error(to_fuser(Errno::EISDIR));
+            return;
+        };
+        let end = end_of(flags);
+        let q = self.queues(pipe);
+        let mut q = lock(&q);
+        let (handle, readers, writers) = match self.new_handle(pipe, end, pid) {
+            Ok(h) => h,
+            Err(e) => {
+                reply.error(to_fuser(e));
+                return;
+            }
+        };
+        self.wake_opens(&mut q, end);
+        let nonblock = nonblocking(flags);
+        let waits = match end {
+            End::Read => writers == 0 && !nonblock,
+            End::Write => readers == 0,
+            End::Both => false,
+        };
+        if !waits {
+            reply.opened(FileHandle(handle), stream_flags());
+        } else if nonblock {
+            self.close_handle(handle);
+            reply.error(to_fuser(Errno(libc::ENXIO)));
+        } else {
+            q.opens.push(ParkedOpen {
+                pid,
+                handle,
+                end,
+                reply,
+            });
+        }
+    }
+
+    /// Completes parked opens waiting for the end that just opened.
+    fn wake_opens(&self, q: &mut Queues, opened: End) {
+        let mut i = 0;
+        while i < q.opens.len() {
+            let waits_for_this = match q.opens[i].end {
+                End::Read => opened.writes(),
+                End::Write => opened.reads(),
+                End::Both => true,
+            };
+            if waits_for_this {
+                let o = q.opens.swap_remove(i);
+                o.reply.opened(FileHandle(o.handle), stream_flags());
+            } else {
+                i += 1;
+            }
+        }
+        notify_polls(q);
+    }
+
+    fn close_handle(&self, handle: u64) -> Option<PipeReply> {
+        lock(&self.handles).remove(&handle);
+        match self.apply(PipeOp::Close {
+            handle,
+            now_ns: now_ns(),
+        }) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::warn!("closing pipe handle {handle}: {e}");
+                None
+            }
+        }
+    }
+
+    /// The last descriptor of an open pipe file was closed.
+    pub(crate) fn release(&self, fh: u64) {
+        let Some(h) = lock(&self.handles).get(&fh).copied() else {
+            return;
+        };
+        let q = self.queues(h.pipe);
+        let mut q = lock(&q);
+        if let Some(PipeReply::Ends { removed, .. }) = self.close_handle(fh) {
+            self.serve(h.pipe, &mut q);
+            notify_polls(&mut q);
+            if removed && q.is_idle() {
+                lock(&self.queues).remove(&h.pipe);
+            }
+        }
+    }
+
+    // ----- reading and writing -----
+
+    pub(crate) fn read(&self, fh: u64, max: u32, flags: i32, pid: u32, reply: ReplyData) {
+        let Some(h) = lock(&self.handles).get(&fh).copied() else {
+            reply.error(to_fuser(Errno::EBADF));
+            return;
+        };
+        if !h.end.reads() {
+            reply.error(to_fuser(Errno::EBADF));
+            return;
+        }
+        let q = self.queues(h.pipe);
+        let mut q = lock(&q);
+        if !q.readers.is_empty() {
+            // Others wait already, so the pipe is empty: queue behind them.
+            if nonblocking(flags) {
+                reply.error(to_fuser(Errno(libc::EAGAIN)));
+            } else {
+                q.readers.push_back(ParkedRead { pid, max, reply });
+            }
+            return;
+        }
+        match self.apply(PipeOp::Read {
+            pipe: h.pipe,
+            max,
+            now_ns: now_ns(),
+        }) {
+            Ok(PipeReply::Read { data, state }) => {
+                if !data.is_empty() {
+                    reply.data(&data);
+                    // Room was made: parked writers may go on.
+                    self.serve(h.pipe, &mut q);
+                    notify_polls(&mut q);
+                } else if state.writers == 0 {
+                    reply.data(&[]);
+                } else if nonblocking(flags) {
+                    reply.error(to_fuser(Errno(libc::EAGAIN)));
+                } else {
+                    q.readers.push_back(ParkedRead { pid, max, reply });
+                }
+            }
+            Ok(_) => reply.error(to_fuser(Errno::EIO)),
+            Err(e) => reply.error(to_fuser(e)),
+        }
+    }
+
+    pub(crate) fn write(&self, fh: u64, data: &[u8], flags: i32, pid: u32, reply: ReplyWrite) {
+        let Some(h) = lock(&self.handles).get(&fh).copied() else {
+            reply.error(to_fuser(Errno::EBADF));
+            return;
+        };
+        if !h.end.writes() {
+            reply.error(to_fuser(Errno::EBADF));
+            return;
+        }
+        let q = self.queues(h.pipe);
+        let mut q = lock(&q);
+        let nonblock = nonblocking(flags);
+        let mut parked = ParkedWrite {
+            pid,
+            data: data.to_vec(),
+            done: 0,
+            reply,
+        };
+        if !q.writers.is_empty() {
+            // Others wait already, so the pipe is full: queue behind them.
+            if nonblock {
+                parked.reply.error(to_fuser(Errno(libc::EAGAIN)));
+            } else {
+                q.writers.push_back(parked);
+            }
+            return;
+        }
+        match self.apply(PipeOp::Write {
+            pipe: h.pipe,
+            data: parked.data.clone(),
+            now_ns: now_ns(),
+        }) {
+            Ok(PipeReply::Written { n, .. }) => {
+                parked.done = n;
+                if n == parked.data.len() {
+                    parked.reply.written(n as u32);
+                } else if nonblock {
+                    if n > 0 {
+                        parked.reply.written(n as u32);
+                    } else {
+                        parked.reply.error(to_fuser(Errno(libc::EAGAIN)));
+                    }
+                } else {
+                    q.writers.push_back(parked);
+                }
+                if n > 0 {
+                    // Bytes arrived: parked readers may go on.
+                    self.serve(h.pipe, &mut q);
+                    notify_polls(&mut q);
+                }
+            }
+            Ok(_) => parked.reply.error(to_fuser(Errno::EIO)),
+            Err(e) => finish_failed_write(parked, e),
+        }
+    }
+
+    /// Moves bytes between the parked writers, the pipe and the parked
+    /// readers until nobody can make progress; each move is one
+    /// transaction. Called with the pipe's queues locked.
+    fn serve(&self, pipe: i64, q: &mut Queues) {
+        let mut changed = false;
+        loop {
+            let mut progress = false;
+            // Writers first: their bytes may be what the readers wait for.
+            while let Some(w) = q.writers.front_mut() {
+                let rest = w.data[w.done..].to_vec();
+                match self.apply(PipeOp::Write {
+                    pipe,
+                    data: rest,
+                    now_ns: now_ns(),
+                }) {
+                    Ok(PipeReply::Written { n, .. }) => {
+                        if n == 0 {
+                            break;
+                        }
+                        progress = true;
+                        w.done += n;
+                        if w.done < w.data.len() {
+                            break;
+                        }
+                        if let Some(w) = q.writers.pop_front() {
+                            w.reply.written(w.done as u32);
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(w) = q.writers.pop_front() {
+                            finish_failed_write(w, e);
+                        }
+                    }
+                    Ok(_) => break,
+                }
+            }
+            // Then readers, one at a time: a reader that leaves bytes
+            // behind lets the next one in.
+            while let Some(r) = q.readers.front() {
+                match self.apply(PipeOp::Read {
+                    pipe,
+                    max: r.max,
+                    now_ns: now_ns(),
+                }) {
+                    Ok(PipeReply::Read { data, state }) => {
+                        if data.is_empty() {
+                            if state.writers == 0 {
+                                // End of file for every parked reader.
+                                for r in q.readers.drain(..) {
+                                    r.reply.data(&[]);
+                                }
+                            }
+                            break;
+                        }
+                        progress = true;
+                        if let Some(r) = q.readers.pop_front() {
+                            r.reply.data(&data);
+                        }
+                    }
+                    Err(e) => {
+                        if let Some(r) = q.readers.pop_front() {
+                            r.reply.error(to_fuser(e));
+                        }
+                    }
+                    Ok(_) => break,
+                }
+            }
+            changed |= progress;
+            if !progress {
+                break;
+            }
+        }
+        if changed {
+            notify_polls(q);
+        }
+    }
+
+    // ----- readiness -----
+
+    pub(crate) fn poll(
+        &self,
+        fh: u64,
+        ph: PollNotifier,
+        events: PollEvents,
+        flags: PollFlags,
+    ) -> Result<PollEvents, Errno> {
+        let h = lock(&self.handles).get(&fh).copied().ok_or(Errno::EBADF)?;
+        let q = self.queues(h.pipe);
+        let mut q = lock(&q);
+        let s = self.state(h.pipe)?;
+        let mut ready = PollEvents::empty();
+        if h.end.reads() {
+            if s.buffered > 0 {
+                ready |= PollEvents::POLLIN | PollEvents::POLLRDNORM;
+            }
+            if s.writers == 0 {
+                ready |= PollEvents::POLLHUP;
+            }
+        }
+        if h.end.writes() {
+            if s.capacity.saturating_sub(s.buffered) >= tablix_pipe::PIPE_BUF as u64 {
+                ready |= PollEvents::POLLOUT | PollEvents::POLLWRNORM;
+            }
+            if s.readers == 0 {
+                ready |= PollEvents::POLLERR;
+            }
+        }
+        let wanted = ready & (events | PollEvents::POLLHUP | PollEvents::POLLERR);
+        if flags.contains(PollFlags::FUSE_POLL_SCHEDULE_NOTIFY) {
+            q.polls.push(ph);
+        }
+        Ok(wanted)
+    }
+
+    /// Answers every parked caller that has a signal pending or is gone.
+    fn interrupt_signalled(&self) {
+        let all: Vec<Arc<Mutex<Queues>>> = lock(&self.queues).values().cloned().collect();
+        for q in all {
+            let mut q = lock(&q);
+            if q.is_idle() {
+                continue;
+            }
+            let mut i = 0;
+            while i < q.readers.len() {
+                if interrupted(q.readers[i].pid) {
+                    if let Some(r) = q.readers.remove(i) {
+                        r.reply.error(to_fuser(Errno::EINTR));
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            let mut i = 0;
+            while i < q.writers.len() {
+                if interrupted(q.writers[i].pid) {
+                    if let Some(w) = q.writers.remove(i) {
+                        // Bytes already in the pipe stay there, as Linux
+                        // reports a partial write when a signal arrives.
+                        if w.done > 0 {
+                            w.reply.written(w.done as u32);
+                        } else {
+                            w.reply.error(to_fuser(Errno::EINTR));
+                        }
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            let mut i = 0;
+            while i < q.opens.len() {
+                if interrupted(q.opens[i].pid) {
+                    let o = q.opens.swap_remove(i);
+                    self.close_handle(o.handle);
+                    o.reply.error(to_fuser(Errno::EINTR));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+}
+
+fn notify_polls(q: &mut Queues) {
+    for ph in q.polls.drain(..) {
+        // The poller may be gone; nothing to do then.
+        let _ = ph.notify();
+    }
+}
+
+/// A write that cannot go on: bytes already written are reported, else
+/// the error; a broken pipe also raises SIGPIPE in the writer, as Linux
+/// does.
+fn finish_failed_write(w: ParkedWrite, e: Errno) {
+    if w.done > 0 {
+        w.reply.written(w.done as u32);
+        return;
+    }
+    if e == Errno(libc::EPIPE) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(w.pid).unwrap_or(0));
+        if pid.as_raw() > 0
+            && let Err(err) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGPIPE)
+        {
+            tracing::debug!("SIGPIPE to {pid}: {err}");
+        }
+    }
+    w.reply.error(to_fuser(e));
+}
+
+/// Signals that stop or continue a process do not interrupt a blocked
+/// pipe call (Linux restarts it transparently).
+const JOB_CONTROL: u64 = (1 << (libc::SIGSTOP - 1))
+    | (1 << (libc::SIGTSTP - 1))
+    | (1 << (libc::SIGTTIN - 1))
+    | (1 << (libc::SIGTTOU - 1))
+    | (1 << (libc::SIGCONT - 1));
+
+/// Whether task `tid` is gone or has an unblocked signal pending.
+fn interrupted(tid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
+        return true;
+    };
+    let mask = |key: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    if status
+        .lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .is_some_and(|s| s.trim_start().starts_with('Z') || s.trim_start().starts_with('X'))
+    {
+        return true;
+    }
+    let pending = mask("SigPnd:") | mask("ShdPnd:");
+    pending & !mask("SigBlk:") & !JOB_CONTROL != 0
+}
+
+fn watch_signals(pipes: Weak<Pipes>) {
+    loop {
+        std::thread::sleep(SIGNAL_SCAN);
+        let Some(p) = pipes.upgrade() else {
+            return;
+        };
+        if p.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        p.interrupt_signalled();
+    }
+}

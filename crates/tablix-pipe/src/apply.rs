@@ -1,0 +1,484 @@
+//! Deterministic application of pipe operations.
+
+use rusqlite::{Connection, MAIN_DB, OptionalExtension, params};
+
+use crate::op::{End, PIPE_BUF, PipeError, PipeOp, PipeReply, PipeState};
+use crate::schema::valid_name;
+
+/// Applies `op` inside the caller's transaction on the memory database.
+pub fn apply(conn: &Connection, op: &PipeOp) -> Result<PipeReply, PipeError> {
+    match op {
+        PipeOp::Create {
+            name,
+            uid,
+            gid,
+            mode,
+            capacity,
+            exclusive,
+            now_ns,
+        } => create(
+            conn,
+            name,
+            (*uid, *gid, *mode),
+            *capacity,
+            *exclusive,
+            *now_ns,
+        ),
+        PipeOp::Open {
+            pipe,
+            handle,
+            end,
+            pid,
+            now_ns,
+        } => open(conn, *pipe, *handle, *end, *pid, *now_ns),
+        PipeOp::Close { handle, now_ns } => close(conn, *handle, *now_ns),
+        PipeOp::Write { pipe, data, now_ns } => write(conn, *pipe, data, *now_ns),
+        PipeOp::Read { pipe, max, now_ns } => read(conn, *pipe, *max, *now_ns),
+        PipeOp::Unlink { name, now_ns } => unlink(conn, name, *now_ns),
+    }
+}
+
+fn create(
+    conn: &Connection,
+    name: &str,
+    (uid, gid, mode): (u32, u32, u32),
+    capacity: u32,
+    exclusive: bool,
+    now_ns: i64,
+) -> Result<PipeReply, PipeError> {
+    if !valid_name(name) {
+        return Err(PipeError::InvalidName(name.to_string()));
+    }
+    if !(4096..=1 << 30).contains(&capacity) {
+        return Err(PipeError::InvalidCapacity(capacity));
+    }
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT id FROM pipe WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?;
+    if let Some(pipe) = found {
+        if exclusive {
+            return Err(PipeError::Exists(name.to_string()));
+        }
+        return Ok(PipeReply::Created {
+            pipe,
+            existed: true,
+        });
+    }
+    conn.prepare_cached(
+        "INSERT INTO pipe(name, uid, gid, mode, capacity, created_ns, changed_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+    )?
+    .execute(params![name, uid, gid, mode & 0o7777, capacity, now_ns])?;
+    Ok(PipeReply::Created {
+        pipe: conn.last_insert_rowid(),
+        existed: false,
+    })
+}
+
+fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
+    conn.prepare_cached("SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1")?
+        .query_row([pipe], |r| {
+            Ok(PipeState {
+                buffered: r.get::<_, i64>(0)?.max(0) as u64,
+                capacity: r.get::<_, i64>(1)?.max(0) as u64,
+                readers: r.get(2)?,
+                writers: r.get(3)?,
+            })
+        })
+        .optional()?
+        .ok_or(PipeError::NoSuchPipe(pipe))
+}
+
+fn ends(conn: &Connection, pipe: i64, end: End, delta: i64, now_ns: i64) -> Result<(), PipeError> {
+    let (r, w) = (
+        i64::from(end.reads()) * delta,
+        i64::from(end.writes()) * delta,
+    );
+    conn.prepare_cached(
+        "UPDATE pipe SET readers = readers + ?2, writers = writers + ?3, changed_ns = ?4
+         WHERE id = ?1",
+    )?
+    .execute(params![pipe, r, w, now_ns])?;
+    Ok(())
+}
+
+fn open(
+    conn: &Connection,
+    pipe: i64,
+    handle: u64,
+    end: End,
+    pid: u32,
+    now_ns: i64,
+) -> Result<PipeReply, PipeError> {
+    state(conn, pipe)?;
+    let handle = i64::try_from(handle).map_err(|_| PipeError::NoSuchHandle(handle))?;
+    conn.prepare_cached(
+        "INSERT INTO pid_pipe(handle, pipe, pid, end, opened_ns) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![handle, pipe, pid, end.as_str(), now_ns])?;
+    ends(conn, pipe, end, 1, now_ns)?;
+    let s = state(conn, pipe)?;
+    Ok(PipeReply::Ends {
+        pipe,
+        readers: s.readers,
+        writers: s.writers,
+        removed: false,
+    })
+}
+
+/// Removes `pipe` if it has no name and no open end.
+fn collect(conn: &Connection, pipe: i64) -> Result<bool, PipeError> {
+    let unused: bool = conn
+        .prepare_cached(
+            "SELECT name IS NULL AND readers = 0 AND writers = 0 FROM pipe WHERE id = ?1",
+        )?
+        .query_row([pipe], |r| r.get(0))
+        .optional()?
+        .unwrap_or(false);
+    if unused {
+        conn.prepare_cached("DELETE FROM pipe_data WHERE pipe = ?1")?
+            .execute([pipe])?;
+        conn.prepare_cached("DELETE FROM pipe WHERE id = ?1")?
+            .execute([pipe])?;
+    }
+    Ok(unused)
+}
+
+fn close(conn: &Connection, handle: u64, now_ns: i64) -> Result<PipeReply, PipeError> {
+    let key = i64::try_from(handle).map_err(|_| PipeError::NoSuchHandle(handle))?;
+    let found: Option<(i64, String)> = conn
+        .prepare_cached("SELECT pipe, end FROM pid_pipe WHERE handle = ?1")?
+        .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((pipe, end)) = found else {
+        return Err(PipeError::NoSuchHandle(handle));
+    };
+    let end = match end.as_str() {
+        "read" => End::Read,
+        "write" => End::Write,
+        _ => End::Both,
+    };
+    conn.prepare_cached("DELETE FROM pid_pipe WHERE handle = ?1")?
+        .execute([key])?;
+    ends(conn, pipe, end, -1, now_ns)?;
+    let s = state(conn, pipe)?;
+    let removed = collect(conn, pipe)?;
+    Ok(PipeReply::Ends {
+        pipe,
+        readers: s.readers,
+        writers: s.writers,
+        removed,
+    })
+}
+
+fn write(conn: &Connection, pipe: i64, data: &[u8], now_ns: i64) -> Result<PipeReply, PipeError> {
+    let s = state(conn, pipe)?;
+    if s.readers == 0 {
+        return Err(PipeError::BrokenPipe);
+    }
+    let free = usize::try_from(s.capacity.saturating_sub(s.buffered)).unwrap_or(usize::MAX);
+    let n = if data.len() <= PIPE_BUF && free < data.len() {
+        0
+    } else {
+        data.len().min(free)
+    };
+    if n == 0 {
+        return Ok(PipeReply::Written { n, state: s });
+    }
+    conn.prepare_cached("INSERT INTO pipe_data(pipe, data) VALUES (?1, ?2)")?
+        .execute(params![pipe, &data[..n]])?;
+    conn.prepare_cached(
+        "UPDATE pipe SET buffered = buffered + ?2, bytes_in = bytes_in + ?2,
+                         writes = writes + 1, changed_ns = ?3
+         WHERE id = ?1",
+    )?
+    .execute(params![pipe, n as i64, now_ns])?;
+    Ok(PipeReply::Written {
+        n,
+        state: PipeState {
+            buffered: s.buffered + n as u64,
+            ..s
+        },
+    })
+}
+
+fn read(conn: &Connection, pipe: i64, max: u32, now_ns: i64) -> Result<PipeReply, PipeError> {
+    let s = state(conn, pipe)?;
+    let want = usize::try_from(u64::from(max).min(s.buffered)).unwrap_or(0);
+    if want == 0 {
+        return Ok(PipeReply::Read {
+            data: Vec::new(),
+            state: s,
+        });
+    }
+    let head: i64 = conn
+        .prepare_cached("SELECT head FROM pipe WHERE id = ?1")?
+        .query_row([pipe], |r| r.get(0))?;
+    // The chunks to visit, oldest first, with their lengths; the statement
+    // is finished before any blob is opened or row deleted.
+    let mut chunks: Vec<(i64, usize)> = Vec::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT seq, length(data) FROM pipe_data WHERE pipe = ?1 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query([pipe])?;
+        let mut covered = 0usize;
+        let mut first = true;
+        while let Some(row) = rows.next()? {
+            let len: i64 = row.get(1)?;
+            let skip = if first { head } else { 0 };
+            first = false;
+            let avail = usize::try_from(len - skip).unwrap_or(0);
+            chunks.push((row.get(0)?, usize::try_from(len).unwrap_or(0)));
+            covered += avail;
+            if covered >= want {
+                break;
+            }
+        }
+    }
+    let mut data = vec![0u8; want];
+    let mut filled = 0usize;
+    let mut offset = usize::try_from(head).unwrap_or(0);
+    let mut consumed_rows = Vec::new();
+    for (seq, len) in chunks {
+        let take = (len - offset).min(want - filled);
+        let blob = conn.blob_open(MAIN_DB, "pipe_data", "data", seq, true)?;
+        blob.read_at_exact(&mut data[filled..filled + take], offset)?;
+        drop(blob);
+        filled += take;
+        if offset + take == len {
+            consumed_rows.push(seq);
+            offset = 0;
+        } else {
+            offset += take;
+        }
+        if filled == want {
+            break;
+        }
+    }
+    for seq in consumed_rows {
+        conn.prepare_cached("DELETE FROM pipe_data WHERE seq = ?1")?
+            .execute([seq])?;
+    }
+    conn.prepare_cached(
+        "UPDATE pipe SET buffered = buffered - ?2, bytes_out = bytes_out + ?2, head = ?3,
+                         reads = reads + 1, changed_ns = ?4
+         WHERE id = ?1",
+    )?
+    .execute(params![pipe, want as i64, offset as i64, now_ns])?;
+    Ok(PipeReply::Read {
+        data,
+        state: PipeState {
+            buffered: s.buffered - want as u64,
+            ..s
+        },
+    })
+}
+
+fn unlink(conn: &Connection, name: &str, now_ns: i64) -> Result<PipeReply, PipeError> {
+    let found: Option<(i64, u32, u32)> = conn
+        .prepare_cached("SELECT id, readers, writers FROM pipe WHERE name = ?1")?
+        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let Some((pipe, readers, writers)) = found else {
+        return Err(PipeError::NoSuchName(name.to_string()));
+    };
+    conn.prepare_cached("UPDATE pipe SET name = NULL, changed_ns = ?2 WHERE id = ?1")?
+        .execute(params![pipe, now_ns])?;
+    let removed = collect(conn, pipe)?;
+    Ok(PipeReply::Ends {
+        pipe,
+        readers,
+        writers,
+        removed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::SCHEMA;
+
+    fn db() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        c
+    }
+
+    fn create(c: &Connection, name: &str, capacity: u32) -> i64 {
+        let op = PipeOp::Create {
+            name: name.into(),
+            uid: 0,
+            gid: 0,
+            mode: 0o600,
+            capacity,
+            exclusive: true,
+            now_ns: 1,
+        };
+        match apply(c, &op).unwrap() {
+            PipeReply::Created { pipe, .. } => pipe,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn open(c: &Connection, pipe: i64, handle: u64, end: End) {
+        apply(
+            c,
+            &PipeOp::Open {
+                pipe,
+                handle,
+                end,
+                pid: 1,
+                now_ns: 2,
+            },
+        )
+        .unwrap();
+    }
+
+    fn write(c: &Connection, pipe: i64, data: &[u8]) -> Result<usize, PipeError> {
+        match apply(
+            c,
+            &PipeOp::Write {
+                pipe,
+                data: data.to_vec(),
+                now_ns: 3,
+            },
+        )? {
+            PipeReply::Written { n, .. } => Ok(n),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    fn read(c: &Connection, pipe: i64, max: u32) -> Vec<u8> {
+        match apply(
+            c,
+            &PipeOp::Read {
+                pipe,
+                max,
+                now_ns: 4,
+            },
+        )
+        .unwrap()
+        {
+            PipeReply::Read { data, .. } => data,
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn bytes_come_out_in_order_across_chunks_and_partial_reads() {
+        let c = db();
+        let p = create(&c, "p", 65536);
+        open(&c, p, 1, End::Read);
+        open(&c, p, 2, End::Write);
+        let input: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+        for piece in input.chunks(3000) {
+            assert_eq!(write(&c, p, piece).unwrap(), piece.len());
+        }
+        let mut out = Vec::new();
+        for max in [1u32, 7, 2999, 3001, 4096, 65536] {
+            out.extend(read(&c, p, max));
+        }
+        assert_eq!(out, input);
+        let (rows, buffered, head): (i64, i64, i64) = c
+            .query_row(
+                "SELECT (SELECT count(*) FROM pipe_data), buffered, head FROM pipe",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!((rows, buffered, head), (0, 0, 0));
+    }
+
+    #[test]
+    fn capacity_bounds_writes_and_small_writes_are_atomic() {
+        let c = db();
+        let p = create(&c, "p", 8192);
+        open(&c, p, 1, End::Read);
+        open(&c, p, 2, End::Write);
+        assert_eq!(write(&c, p, &[1; 6000]).unwrap(), 6000);
+        // 2192 bytes free: a 4096-byte write is atomic, so nothing goes in.
+        assert_eq!(write(&c, p, &[2; 4096]).unwrap(), 0);
+        // A larger write goes in partially.
+        assert_eq!(write(&c, p, &[3; 5000]).unwrap(), 2192);
+        assert_eq!(write(&c, p, &[4; 1]).unwrap(), 0);
+        assert_eq!(read(&c, p, 10_000).len(), 8192);
+    }
+
+    #[test]
+    fn writing_without_readers_is_a_broken_pipe_and_closed_anonymous_pipes_go() {
+        let c = db();
+        let p = create(&c, "p", 65536);
+        open(&c, p, 1, End::Read);
+        open(&c, p, 2, End::Write);
+        write(&c, p, b"left over").unwrap();
+        apply(
+            &c,
+            &PipeOp::Close {
+                handle: 1,
+                now_ns: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(write(&c, p, b"x"), Err(PipeError::BrokenPipe));
+        apply(
+            &c,
+            &PipeOp::Unlink {
+                name: "p".into(),
+                now_ns: 6,
+            },
+        )
+        .unwrap();
+        match apply(
+            &c,
+            &PipeOp::Close {
+                handle: 2,
+                now_ns: 7,
+            },
+        )
+        .unwrap()
+        {
+            PipeReply::Ends { removed, .. } => assert!(removed),
+            r => panic!("{r:?}"),
+        }
+        let left: i64 = c
+            .query_row("SELECT (SELECT count(*) FROM pipe) + (SELECT count(*) FROM pipe_data) + (SELECT count(*) FROM pid_pipe)", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        let c = db();
+        create(&c, "p", 65536);
+        for (name, cap, want) in [
+            ("p", 65536, PipeError::Exists("p".into())),
+            ("a/b", 65536, PipeError::InvalidName("a/b".into())),
+            ("..", 65536, PipeError::InvalidName("..".into())),
+            ("q", 10, PipeError::InvalidCapacity(10)),
+        ] {
+            let op = PipeOp::Create {
+                name: name.into(),
+                uid: 0,
+                gid: 0,
+                mode: 0o600,
+                capacity: cap,
+                exclusive: true,
+                now_ns: 1,
+            };
+            assert_eq!(apply(&c, &op), Err(want));
+        }
+        let long = "x".repeat(256);
+        assert!(matches!(
+            apply(
+                &c,
+                &PipeOp::Unlink {
+                    name: long,
+                    now_ns: 1
+                }
+            ),
+            Err(PipeError::NoSuchName(_))
+        ));
+    }
+}

@@ -1,0 +1,58 @@
+//! The pipe tables, created in the memory database at every start.
+
+/// Default capacity of a pipe, as Linux's default pipe buffer.
+pub const DEFAULT_CAPACITY: u32 = 65_536;
+
+/// Longest pipe name, as a file name.
+pub const MAX_NAME: usize = 255;
+
+/// Tables and views, unqualified: they are created on a connection that
+/// has the memory database as `main`, and read as `mem.*` elsewhere.
+pub const SCHEMA: &str = "
+CREATE TABLE pipe(
+    id         INTEGER PRIMARY KEY,
+    name       TEXT UNIQUE,
+    uid        INTEGER NOT NULL,
+    gid        INTEGER NOT NULL,
+    mode       INTEGER NOT NULL,
+    capacity   INTEGER NOT NULL,
+    buffered   INTEGER NOT NULL DEFAULT 0,
+    head       INTEGER NOT NULL DEFAULT 0,
+    bytes_in   INTEGER NOT NULL DEFAULT 0,
+    bytes_out  INTEGER NOT NULL DEFAULT 0,
+    writes     INTEGER NOT NULL DEFAULT 0,
+    reads      INTEGER NOT NULL DEFAULT 0,
+    readers    INTEGER NOT NULL DEFAULT 0,
+    writers    INTEGER NOT NULL DEFAULT 0,
+    created_ns INTEGER NOT NULL,
+    changed_ns INTEGER NOT NULL
+);
+CREATE TABLE pipe_data(
+    seq  INTEGER PRIMARY KEY,
+    pipe INTEGER NOT NULL REFERENCES pipe(id),
+    data BLOB NOT NULL
+);
+CREATE INDEX pipe_data_by_pipe ON pipe_data(pipe, seq);
+CREATE TABLE pid_pipe(
+    handle    INTEGER PRIMARY KEY,
+    pipe      INTEGER NOT NULL REFERENCES pipe(id),
+    pid       INTEGER NOT NULL,
+    end       TEXT NOT NULL CHECK (end IN ('read', 'write', 'both')),
+    opened_ns INTEGER NOT NULL
+);
+CREATE INDEX pid_pipe_by_pipe ON pid_pipe(pipe);
+CREATE VIEW pipes AS
+    SELECT id, name, buffered, capacity, bytes_in AS total_in, bytes_out AS total_out,
+           writes, reads, readers, writers, uid, gid, mode, created_ns, changed_ns
+    FROM pipe;
+";
+
+/// Whether `name` may name a pipe: a file name that is not `.` or `..`,
+/// has no `/` or NUL, and is at most [`MAX_NAME`] bytes.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name != "."
+        && name != ".."
+        && !name.bytes().any(|b| b == b'/' || b == 0)
+}

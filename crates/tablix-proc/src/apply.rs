@@ -1,0 +1,210 @@
+//! Deterministic application of process-table batches.
+
+use rusqlite::{Connection, params};
+
+use crate::op::{ProcEvent, ProcInfo, ProcOp};
+
+/// Applies `op` inside the caller's transaction on the memory database.
+pub fn apply(conn: &Connection, op: &ProcOp) -> rusqlite::Result<()> {
+    if op.reset {
+        conn.execute("DELETE FROM processes", [])?;
+    }
+    for event in &op.events {
+        match event {
+            ProcEvent::Seen(info) => seen(conn, info, false)?,
+            ProcEvent::Exec(info) => seen(conn, info, true)?,
+            ProcEvent::Fork {
+                pid,
+                tgid,
+                parent,
+                parent_tgid,
+                at_ns,
+            } => fork(conn, *pid, *tgid, *parent, *parent_tgid, *at_ns)?,
+            ProcEvent::Uid { pid, uid, euid } => {
+                conn.prepare_cached(
+                    "UPDATE processes SET uid = ?2, euid = ?3 WHERE pid = ?1 AND exit_ns IS NULL",
+                )?
+                .execute(params![pid, uid, euid])?;
+            }
+            ProcEvent::Gid { pid, gid, egid } => {
+                conn.prepare_cached(
+                    "UPDATE processes SET gid = ?2, egid = ?3 WHERE pid = ?1 AND exit_ns IS NULL",
+                )?
+                .execute(params![pid, gid, egid])?;
+            }
+            ProcEvent::Comm { pid, comm } => {
+                conn.prepare_cached(
+                    "UPDATE processes SET comm = ?2 WHERE pid = ?1 AND exit_ns IS NULL",
+                )?
+                .execute(params![pid, comm])?;
+            }
+            ProcEvent::Exit { pid, at_ns, status } => {
+                // wait(2) status: exit code in bits 8..15, or the signal in
+                // bits 0..6.
+                let (code, signal) = match status {
+                    Some(s) if s & 0x7f == 0 => (Some((s >> 8) & 0xff), None),
+                    Some(s) => (None, Some(s & 0x7f)),
+                    None => (None, None),
+                };
+                conn.prepare_cached(
+                    "UPDATE processes SET exit_ns = ?2, exit_code = ?3, exit_signal = ?4
+                     WHERE pid = ?1 AND exit_ns IS NULL",
+                )?
+                .execute(params![pid, at_ns, code, signal])?;
+            }
+        }
+    }
+    conn.prepare_cached(
+        "DELETE FROM processes WHERE id IN (
+             SELECT id FROM processes WHERE exit_ns IS NOT NULL
+             ORDER BY exit_ns DESC, id DESC LIMIT -1 OFFSET ?1)",
+    )?
+    .execute([op.keep_exited])?;
+    Ok(())
+}
+
+fn seen(conn: &Connection, i: &ProcInfo, exec: bool) -> rusqlite::Result<()> {
+    let updated = conn
+        .prepare_cached(
+            "UPDATE processes SET tgid = ?2, ppid = coalesce(?3, ppid), uid = coalesce(?4, uid),
+                 euid = coalesce(?5, euid), gid = coalesce(?6, gid), egid = coalesce(?7, egid),
+                 comm = coalesce(?8, comm), exe = CASE WHEN ?12 THEN ?9 ELSE coalesce(?9, exe) END,
+                 cmdline = CASE WHEN ?12 THEN ?10 ELSE coalesce(?10, cmdline) END,
+                 start_ns = coalesce(start_ns, ?11)
+             WHERE pid = ?1 AND exit_ns IS NULL",
+        )?
+        .execute(params![
+            i.pid, i.tgid, i.ppid, i.uid, i.euid, i.gid, i.egid, i.comm, i.exe, i.cmdline,
+            i.start_ns, exec
+        ])?;
+    if updated == 0 {
+        conn.prepare_cached(
+            "INSERT INTO processes(pid, tgid, ppid, uid, euid, gid, egid, comm, exe, cmdline, start_ns)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        )?
+        .execute(params![
+            i.pid, i.tgid, i.ppid, i.uid, i.euid, i.gid, i.egid, i.comm, i.exe, i.cmdline,
+            i.start_ns
+        ])?;
+    }
+    Ok(())
+}
+
+fn fork(
+    conn: &Connection,
+    pid: u32,
+    tgid: u32,
+    parent: u32,
+    parent_tgid: u32,
+    at_ns: i64,
+) -> rusqlite::Result<()> {
+    // A live row for this pid is stale: that task's exit was missed.
+    conn.prepare_cached("UPDATE processes SET exit_ns = ?2 WHERE pid = ?1 AND exit_ns IS NULL")?
+        .execute(params![pid, at_ns])?;
+    // A new process's parent is the forking process; a new thread's is
+    // its process's parent.
+    let is_thread = pid != tgid;
+    let copied = conn
+        .prepare_cached(
+            "INSERT INTO processes(pid, tgid, ppid, uid, euid, gid, egid, comm, exe, cmdline, start_ns)
+             SELECT ?1, ?2, CASE WHEN ?5 THEN ppid ELSE ?4 END, uid, euid, gid, egid, comm, exe,
+                    cmdline, ?6
+             FROM processes WHERE pid = ?3 AND exit_ns IS NULL",
+        )?
+        .execute(params![pid, tgid, parent, parent_tgid, is_thread, at_ns])?;
+    if copied == 0 {
+        conn.prepare_cached(
+            "INSERT INTO processes(pid, tgid, ppid, start_ns) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![pid, tgid, parent_tgid, at_ns])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::SCHEMA;
+
+    fn info(pid: u32, comm: &str) -> ProcInfo {
+        ProcInfo {
+            pid,
+            tgid: pid,
+            ppid: Some(1),
+            uid: Some(1000),
+            euid: Some(1000),
+            gid: Some(100),
+            egid: Some(100),
+            comm: Some(comm.into()),
+            exe: Some(format!("/bin/{comm}")),
+            cmdline: Some(comm.into()),
+            start_ns: Some(5),
+        }
+    }
+
+    fn op(events: Vec<ProcEvent>, keep: u32) -> ProcOp {
+        ProcOp {
+            reset: false,
+            events,
+            keep_exited: keep,
+        }
+    }
+
+    #[test]
+    fn fork_exec_exit_and_bounded_history() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        apply(&c, &op(vec![ProcEvent::Seen(info(10, "sh"))], 2)).unwrap();
+        let fork = |pid, tgid, parent| ProcEvent::Fork {
+            pid,
+            tgid,
+            parent,
+            parent_tgid: 10,
+            at_ns: 7,
+        };
+        apply(&c, &op(vec![fork(11, 11, 10), fork(12, 10, 10)], 2)).unwrap();
+        apply(&c, &op(vec![ProcEvent::Exec(info(11, "sort"))], 2)).unwrap();
+        let row = |pid: u32| -> (u32, Option<u32>, String, Option<i64>) {
+            c.query_row(
+                "SELECT tgid, ppid, comm, exit_code FROM processes WHERE pid = ?1 ORDER BY id DESC",
+                [pid],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap()
+        };
+        assert_eq!(row(11), (11, Some(1), "sort".into(), None));
+        // The thread shares its process's id and parent.
+        assert_eq!(row(12), (10, Some(1), "sh".into(), None));
+        let handler: u32 = c
+            .query_row("SELECT handler_id FROM pid_store WHERE pid = 12", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(handler, 10);
+        let exit = |pid, at_ns, status| ProcEvent::Exit {
+            pid,
+            at_ns,
+            status: Some(status),
+        };
+        apply(&c, &op(vec![exit(11, 8, 3 << 8), exit(12, 9, 9)], 2)).unwrap();
+        assert_eq!(row(11).3, Some(3));
+        let sig: i64 = c
+            .query_row(
+                "SELECT exit_signal FROM processes WHERE pid = 12",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(sig, 9);
+        // A third exit pushes the oldest out of the history of two.
+        apply(&c, &op(vec![exit(10, 10, 0)], 2)).unwrap();
+        let pids: Vec<u32> = c
+            .prepare("SELECT pid FROM processes ORDER BY pid")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(pids, vec![10, 12]);
+    }
+}

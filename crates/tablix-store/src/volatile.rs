@@ -1,0 +1,179 @@
+//! The memory database: volatile state (the daemon record, pipes, the
+//! process table) on the blocking memory VFS.
+//!
+//! Its Commands are applied on the caller's thread, on a connection of a
+//! small pool, each in its own transaction: the write-intent gate first,
+//! then `BEGIN IMMEDIATE` (see tablix-vfs's DESIGN.md for why that order
+//! can neither deadlock nor return SQLITE_BUSY). Nothing here is synced or
+//! replicated; it lives as long as the process.
+
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OpenFlags, params};
+
+use crate::command::{Command, DaemonRecord, Stamped};
+use crate::error::StoreError;
+use crate::outcome::Applied;
+use crate::schema::MEMORY_SCHEMA;
+
+pub(crate) struct Volatile {
+    uri: String,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Volatile {
+    /// Creates the memory database `name` with its schema.
+    pub(crate) fn open(name: &str) -> Result<Volatile, StoreError> {
+        let vfs = tablix_vfs::register_mem_vfs().map_err(|e| StoreError::Open(e.to_string()))?;
+        let uri = format!("file:{name}?vfs={vfs}");
+        let v = Volatile {
+            uri,
+            idle: Mutex::new(Vec::new()),
+        };
+        let conn = v.connect(true)?;
+        write_txn(&conn, |c| {
+            c.execute_batch(MEMORY_SCHEMA)?;
+            c.execute_batch(tablix_pipe::schema::SCHEMA)?;
+            c.execute_batch(tablix_proc::schema::SCHEMA)
+        })
+        .map_err(StoreError::from)?;
+        v.put(conn);
+        Ok(v)
+    }
+
+    /// The URI other connections attach as `mem`.
+    pub(crate) fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn connect(&self, create: bool) -> Result<Connection, StoreError> {
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(&self.uri, flags)?;
+        // The rollback journal stays in this connection's memory: the
+        // database itself is memory, and only this connection can roll its
+        // own transaction back.
+        conn.execute_batch("PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF")?;
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(conn)
+    }
+
+    fn take(&self) -> Result<Connection, StoreError> {
+        let idle = self.idle.lock().ok().and_then(|mut i| i.pop());
+        match idle {
+            Some(c) => Ok(c),
+            None => self.connect(false),
+        }
+    }
+
+    fn put(&self, conn: Connection) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(conn);
+        }
+    }
+
+    /// Applies a volatile Command in its own transaction.
+    pub(crate) fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
+        let conn = self.take()?;
+        let out = apply_on(&conn, item);
+        self.put(conn);
+        out
+    }
+
+    /// Runs tablix's own read-only SQL on the memory database as `main`.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&Connection) -> R) -> Result<R, StoreError> {
+        let conn = self.take()?;
+        let out = f(&conn);
+        self.put(conn);
+        Ok(out)
+    }
+}
+
+fn apply_on(conn: &Connection, item: &Stamped) -> Result<Applied, StoreError> {
+    match &item.command {
+        Command::SetDaemon(d) => {
+            write_txn(conn, |c| set_daemon(c, d, item.stamp.unix_nanos))?;
+            Ok(Applied::default())
+        }
+        Command::Pipe(op) => {
+            let mut reply = None;
+            let r = write_txn(conn, |c| {
+                let out = tablix_pipe::apply(c, op);
+                let failed = out.is_err();
+                reply = Some(out);
+                if failed {
+                    // Roll the transaction back; the op's own error is
+                    // what the caller gets.
+                    Err(rusqlite::Error::StatementChangedRows(0))
+                } else {
+                    Ok(())
+                }
+            });
+            match (r, reply) {
+                (_, Some(Err(e))) => Ok(Applied {
+                    rolled_back: true,
+                    pipe: Some(Err(e)),
+                    ..Applied::default()
+                }),
+                (Ok(()), Some(ok)) => Ok(Applied {
+                    pipe: Some(ok),
+                    ..Applied::default()
+                }),
+                (Err(e), _) => Err(e.into()),
+                (Ok(()), None) => Err(StoreError::Apply("pipe operation did not run".into())),
+            }
+        }
+        Command::Proc(op) => {
+            write_txn(conn, |c| tablix_proc::apply(c, op))?;
+            Ok(Applied::default())
+        }
+        Command::Sql { .. } | Command::Fs(_) => Err(StoreError::Apply(
+            "not a Command of the memory database".into(),
+        )),
+    }
+}
+
+/// Runs `f` in one write transaction: the gate, then BEGIN IMMEDIATE, then
+/// COMMIT (or ROLLBACK when `f` fails).
+fn write_txn(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> rusqlite::Result<()> {
+    let _intent = tablix_vfs::write_intent(conn, "main")
+        .map_err(|rc| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None))?;
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    match f(conn) {
+        Ok(()) => match conn.execute_batch("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                Err(e)
+            }
+        },
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+fn set_daemon(conn: &Connection, d: &DaemonRecord, now_ns: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("DELETE FROM daemon")?.execute([])?;
+    conn.prepare_cached(
+        "INSERT INTO daemon(pid, http_addr, data_dir, mode, version, started_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        d.pid,
+        d.http_addr,
+        d.data_dir,
+        d.mode,
+        d.version,
+        now_ns
+    ])?;
+    Ok(())
+}

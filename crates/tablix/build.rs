@@ -1,0 +1,30 @@
+//! Builds the `LD_PRELOAD` library of `tablix run` (shim/pipe_preload.c)
+//! as a shared object that the binary embeds.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let src = "shim/pipe_preload.c";
+    println!("cargo:rerun-if-changed={src}");
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"))
+        .join("libtablix_preload.so");
+    let compiler = cc::Build::new().get_compiler();
+    let status = Command::new(compiler.path())
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-std=gnu11",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(src)
+        .arg("-ldl")
+        .status()
+        .expect("running the C compiler for the preload library");
+    assert!(status.success(), "compiling {src} failed");
+}
