@@ -25,12 +25,12 @@ pub fn store_errno(e: &StoreError) -> Errno {
 pub fn pipe_errno(e: &tablix_pipe::PipeError) -> Errno {
     use tablix_pipe::PipeError as P;
     match e {
-        P::Exists(_) => Errno(libc::EEXIST),
+        P::Exists(_) => Errno::EEXIST,
         P::NoSuchName(_) | P::NoSuchPipe(_) => Errno::ENOENT,
         P::InvalidName(_) => Errno::EINVAL,
         P::NoSuchHandle(_) => Errno::EBADF,
         P::InvalidCapacity(_) => Errno::EINVAL,
-        P::BrokenPipe => Errno(libc::EPIPE),
+        P::BrokenPipe => Errno::EPIPE,
         P::Sql(m) if m.contains(DISK_FULL) => Errno::ENOSPC,
         P::Sql(_) => Errno::EIO,
     }
@@ -72,6 +72,25 @@ mod tests {
         ];
         for (err, want) in table {
             assert_eq!(store_errno(&err), want, "{err}");
+        }
+    }
+
+    #[test]
+    fn pipe_failures_map_to_one_errno_each() {
+        use tablix_pipe::PipeError as P;
+        let table = [
+            (P::Exists("p".into()), Errno::EEXIST),
+            (P::NoSuchName("p".into()), Errno::ENOENT),
+            (P::NoSuchPipe(3), Errno::ENOENT),
+            (P::InvalidName("a/b".into()), Errno::EINVAL),
+            (P::InvalidCapacity(1), Errno::EINVAL),
+            (P::NoSuchHandle(9), Errno::EBADF),
+            (P::BrokenPipe, Errno::EPIPE),
+            (P::Sql("database or disk is full".into()), Errno::ENOSPC),
+            (P::Sql("no such table: pipe".into()), Errno::EIO),
+        ];
+        for (err, want) in table {
+            assert_eq!(pipe_errno(&err), want, "{err}");
         }
     }
 }

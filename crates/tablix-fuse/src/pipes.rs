@@ -204,10 +204,13 @@ impl Pipes {
 
     // ----- names and attributes -----
 
+    /// The control directory is read-only; the pipes directory is like
+    /// /tmp: anyone may create a pipe there, only its owner may remove it.
     fn dir_attr(ino: u64) -> Attr {
+        let perm = if ino == PIPES_INO { 0o1777 } else { 0o555 };
         Attr {
             ino,
-            mode: libc::S_IFDIR | 0o755,
+            mode: libc::S_IFDIR | perm,
             nlink: 2,
             uid: 0,
             gid: 0,
@@ -276,6 +279,9 @@ impl Pipes {
             CONTROL_INO if name == PIPES_NAME => Ok(Self::dir_attr(PIPES_INO)),
             CONTROL_INO => Err(Errno::ENOENT),
             PIPES_INO => {
+                if name.len() > tablix_pipe::schema::MAX_NAME {
+                    return Err(Errno::ENAMETOOLONG);
+                }
                 let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
                 let id: Option<i64> = self
                     .store
@@ -382,6 +388,9 @@ impl Pipes {
         let r = (|| {
             if parent != PIPES_INO {
                 return Err(Errno::EPERM);
+            }
+            if name.len() > tablix_pipe::schema::MAX_NAME {
+                return Err(Errno::ENAMETOOLONG);
             }
             let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
             let pipe = match self.apply(PipeOp::Create {

@@ -163,6 +163,13 @@ fn close(conn: &Connection, handle: u64, now_ns: i64) -> Result<PipeReply, PipeE
         .execute([key])?;
     ends(conn, pipe, end, -1, now_ns)?;
     let s = state(conn, pipe)?;
+    if s.readers == 0 && s.writers == 0 && s.buffered > 0 {
+        // Like a Linux FIFO, a pipe nobody has open keeps no bytes.
+        conn.prepare_cached("DELETE FROM pipe_data WHERE pipe = ?1")?
+            .execute([pipe])?;
+        conn.prepare_cached("UPDATE pipe SET buffered = 0, head = 0 WHERE id = ?1")?
+            .execute([pipe])?;
+    }
     let removed = collect(conn, pipe)?;
     Ok(PipeReply::Ends {
         pipe,

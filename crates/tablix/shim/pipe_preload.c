@@ -8,6 +8,13 @@
  * descriptors, inherited across fork and exec like any other, whose last
  * close the daemon sees. Without $TABLIX_PIPE_DIR the calls fall through
  * to the C library.
+ *
+ * A pipe file must be a regular file to reach the FUSE file system, but
+ * programs treat regular files differently from pipes (GNU head tries to
+ * seek back, sort sizes its buffers from the length), so the stat family
+ * is wrapped too: a tablix pipe (an inode of the pipes range on the
+ * mount's device) is reported as a FIFO of length 0, as Linux reports a
+ * pipe.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -17,6 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 typedef int (*pipe2_fn)(int[2], int);
@@ -73,4 +83,151 @@ int pipe2(int fds[2], int flags)
 int pipe(int fds[2])
 {
     return pipe2(fds, 0);
+}
+
+/* Inode numbers of pipe files start here (tablix-fuse's PIPE_INO_BASE). */
+#define PIPE_INO_BASE (1ULL << 49)
+
+/* Not declared by current glibc headers, still called by old binaries. */
+int __fxstat(int ver, int fd, struct stat *st);
+int __fxstat64(int ver, int fd, struct stat64 *st);
+int __xstat(int ver, const char *path, struct stat *st);
+int __lxstat(int ver, const char *path, struct stat *st);
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags);
+
+static dev_t pipes_dev;
+static atomic_int pipes_dev_known;
+
+static int real_fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    typedef int (*fn)(int, const char *, struct stat *, int);
+    static fn real;
+    if (!real)
+        real = (fn)dlsym(RTLD_NEXT, "fstatat");
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return real(dirfd, path, st, flags);
+}
+
+static int is_pipe(dev_t dev, unsigned long long ino, mode_t mode)
+{
+    if (!S_ISREG(mode) || ino < PIPE_INO_BASE)
+        return 0;
+    const char *dir = getenv("TABLIX_PIPE_DIR");
+    if (!dir || !*dir)
+        return 0;
+    if (!atomic_load(&pipes_dev_known)) {
+        struct stat d;
+        if (real_fstatat(AT_FDCWD, dir, &d, 0) != 0)
+            return 0;
+        pipes_dev = d.st_dev;
+        atomic_store(&pipes_dev_known, 1);
+    }
+    return dev == pipes_dev;
+}
+
+static int fix(int rc, struct stat *st)
+{
+    if (rc == 0 && is_pipe(st->st_dev, st->st_ino, st->st_mode)) {
+        st->st_mode = S_IFIFO | (st->st_mode & 07777);
+        st->st_size = 0;
+        st->st_blocks = 0;
+        st->st_blksize = 4096;
+    }
+    return rc;
+}
+
+int fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    return fix(real_fstatat(dirfd, path, st, flags), st);
+}
+
+int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags)
+{
+    return fstatat(dirfd, path, (struct stat *)st, flags);
+}
+
+int fstat(int fd, struct stat *st)
+{
+    return fstatat(fd, "", st, AT_EMPTY_PATH);
+}
+
+int fstat64(int fd, struct stat64 *st)
+{
+    return fstat(fd, (struct stat *)st);
+}
+
+int stat(const char *path, struct stat *st)
+{
+    return fstatat(AT_FDCWD, path, st, 0);
+}
+
+int stat64(const char *path, struct stat64 *st)
+{
+    return stat(path, (struct stat *)st);
+}
+
+int lstat(const char *path, struct stat *st)
+{
+    return fstatat(AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW);
+}
+
+int lstat64(const char *path, struct stat64 *st)
+{
+    return lstat(path, (struct stat *)st);
+}
+
+int __fxstat(int ver, int fd, struct stat *st)
+{
+    (void)ver;
+    return fstat(fd, st);
+}
+
+int __fxstat64(int ver, int fd, struct stat64 *st)
+{
+    (void)ver;
+    return fstat(fd, (struct stat *)st);
+}
+
+int __xstat(int ver, const char *path, struct stat *st)
+{
+    (void)ver;
+    return stat(path, st);
+}
+
+int __lxstat(int ver, const char *path, struct stat *st)
+{
+    (void)ver;
+    return lstat(path, st);
+}
+
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
+{
+    (void)ver;
+    return fstatat(dirfd, path, st, flags);
+}
+
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx)
+{
+    typedef int (*fn)(int, const char *, int, unsigned int, struct statx *);
+    static fn real;
+    if (!real)
+        real = (fn)dlsym(RTLD_NEXT, "statx");
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
+    int rc = real(dirfd, path, flags, mask, stx);
+    if (rc == 0 && (stx->stx_mask & STATX_TYPE) && (stx->stx_mask & STATX_INO)) {
+        dev_t dev = makedev(stx->stx_dev_major, stx->stx_dev_minor);
+        if (is_pipe(dev, stx->stx_ino, stx->stx_mode)) {
+            stx->stx_mode = S_IFIFO | (stx->stx_mode & 07777);
+            stx->stx_size = 0;
+            stx->stx_blocks = 0;
+            stx->stx_blksize = 4096;
+        }
+    }
+    return rc;
 }

@@ -3,5 +3,6 @@
 
 mod harness;
 mod model;
+mod pipes;
 mod posix;
 mod unprivileged;
