@@ -104,9 +104,13 @@ struct ParkedOpen {
     reply: ReplyOpen,
 }
 
-/// The wait queues of one pipe.
+/// The wait queues of one pipe, and its counts as of the last operation.
 #[derive(Default)]
 struct Queues {
+    /// Exact while the queues are locked: every change to the pipe's row
+    /// is made by this engine under this lock and returns the new counts.
+    /// None until first needed, and after a failed transaction.
+    state: Option<PipeState>,
     readers: VecDeque<ParkedRead>,
     writers: VecDeque<ParkedWrite>,
     opens: Vec<ParkedOpen>,
@@ -298,11 +302,7 @@ impl Pipes {
 
     /// Entries of a virtual directory after `offset`, as (ino, next offset,
     /// attributes, name).
-    pub(crate) fn readdir(
-        &self,
-        ino: u64,
-        offset: u64,
-    ) -> Result<Vec<DirEntry>, Errno> {
+    pub(crate) fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>, Errno> {
         let mut all = vec![
             (ino, Self::dir_attr(ino), b".".to_vec()),
             (ino, Self::dir_attr(ino), b"..".to_vec()),
@@ -352,20 +352,68 @@ impl Pipes {
 
     // ----- opening and closing -----
 
-    fn new_handle(&self, pipe: i64, end: End, pid: u32) -> Result<(u64, u32, u32), Errno> {
+    /// Applies `op` to the pipe whose queues `q` are, keeping `q.state`.
+    fn apply_to(&self, q: &mut Queues, op: PipeOp) -> Result<PipeReply, Errno> {
+        let r = self.apply(op);
+        q.state = match &r {
+            Ok(PipeReply::Ends { state, .. } | PipeReply::Io { state, .. }) => Some(*state),
+            _ => None,
+        };
+        r
+    }
+
+    fn cached_state(&self, pipe: i64, q: &mut Queues) -> Result<PipeState, Errno> {
+        match q.state {
+            Some(s) => Ok(s),
+            None => {
+                let s = self.state(pipe)?;
+                q.state = Some(s);
+                Ok(s)
+            }
+        }
+    }
+
+    /// One transaction moving bytes: see `PipeOp::Io`.
+    fn io(
+        &self,
+        pipe: i64,
+        q: &mut Queues,
+        write: Vec<u8>,
+        read: u32,
+        read_first: bool,
+    ) -> Result<(usize, Vec<u8>), Errno> {
+        let op = PipeOp::Io {
+            pipe,
+            write,
+            read,
+            read_first,
+            now_ns: now_ns(),
+        };
+        match self.apply_to(q, op)? {
+            PipeReply::Io { written, data, .. } => Ok((written, data)),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    fn new_handle(
+        &self,
+        pipe: i64,
+        q: &mut Queues,
+        end: End,
+        pid: u32,
+    ) -> Result<(u64, PipeState), Errno> {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        match self.apply(PipeOp::Open {
+        let op = PipeOp::Open {
             pipe,
             handle,
             end,
             pid,
             now_ns: now_ns(),
-        })? {
-            PipeReply::Ends {
-                readers, writers, ..
-            } => {
+        };
+        match self.apply_to(q, op)? {
+            PipeReply::Ends { state, .. } => {
                 lock(&self.handles).insert(handle, Handle { pipe, end });
-                Ok((handle, readers, writers))
+                Ok((handle, state))
             }
             _ => Err(Errno::EIO),
         }
@@ -408,7 +456,7 @@ impl Pipes {
             let end = end_of(flags);
             let q = self.queues(pipe);
             let mut q = lock(&q);
-            let (handle, ..) = self.new_handle(pipe, end, pid)?;
+            let (handle, _) = self.new_handle(pipe, &mut q, end, pid)?;
             self.wake_opens(&mut q, end);
             let attr = self.pipe_attr(pipe)?;
             Ok((attr, handle))
@@ -437,7 +485,7 @@ impl Pipes {
         let end = end_of(flags);
         let q = self.queues(pipe);
         let mut q = lock(&q);
-        let (handle, readers, writers) = match self.new_handle(pipe, end, pid) {
+        let (handle, state) = match self.new_handle(pipe, &mut q, end, pid) {
             Ok(h) => h,
             Err(e) => {
                 reply.error(to_fuser(e));
@@ -447,14 +495,14 @@ impl Pipes {
         self.wake_opens(&mut q, end);
         let nonblock = nonblocking(flags);
         let waits = match end {
-            End::Read => writers == 0 && !nonblock,
-            End::Write => readers == 0,
+            End::Read => state.writers == 0 && !nonblock,
+            End::Write => state.readers == 0,
             End::Both => false,
         };
         if !waits {
             reply.opened(FileHandle(handle), stream_flags());
         } else if nonblock {
-            self.close_handle(handle);
+            self.close_handle(handle, &mut q);
             reply.error(to_fuser(Errno(libc::ENXIO)));
         } else {
             q.opens.push(ParkedOpen {
@@ -485,12 +533,13 @@ impl Pipes {
         notify_polls(q);
     }
 
-    fn close_handle(&self, handle: u64) -> Option<PipeReply> {
+    fn close_handle(&self, handle: u64, q: &mut Queues) -> Option<PipeReply> {
         lock(&self.handles).remove(&handle);
-        match self.apply(PipeOp::Close {
+        let op = PipeOp::Close {
             handle,
             now_ns: now_ns(),
-        }) {
+        };
+        match self.apply_to(q, op) {
             Ok(r) => Some(r),
             Err(e) => {
                 tracing::warn!("closing pipe handle {handle}: {e}");
@@ -506,7 +555,7 @@ impl Pipes {
         };
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
-        if let Some(PipeReply::Ends { removed, .. }) = self.close_handle(fh) {
+        if let Some(PipeReply::Ends { removed, .. }) = self.close_handle(fh, &mut q) {
             self.serve(h.pipe, &mut q);
             notify_polls(&mut q);
             if removed && q.is_idle() {
@@ -528,36 +577,38 @@ impl Pipes {
         }
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
-        if !q.readers.is_empty() {
-            // Others wait already, so the pipe is empty: queue behind them.
-            if nonblocking(flags) {
-                reply.error(to_fuser(Errno(libc::EAGAIN)));
+        let nonblock = nonblocking(flags);
+        let parked = ParkedRead { pid, max, reply };
+        // Readers are served in arrival order: behind others, or on an
+        // empty pipe, this one waits (no transaction is needed to know).
+        let state = match self.cached_state(h.pipe, &mut q) {
+            Ok(s) => s,
+            Err(e) => {
+                parked.reply.error(to_fuser(e));
+                return;
+            }
+        };
+        if !q.readers.is_empty() || state.buffered == 0 {
+            if q.readers.is_empty() && state.writers == 0 {
+                parked.reply.data(&[]);
+            } else if nonblock {
+                parked.reply.error(to_fuser(Errno::EAGAIN));
             } else {
-                q.readers.push_back(ParkedRead { pid, max, reply });
+                q.readers.push_back(parked);
             }
             return;
         }
-        match self.apply(PipeOp::Read {
-            pipe: h.pipe,
-            max,
-            now_ns: now_ns(),
-        }) {
-            Ok(PipeReply::Read { data, state }) => {
-                if !data.is_empty() {
-                    reply.data(&data);
-                    // Room was made: parked writers may go on.
-                    self.serve(h.pipe, &mut q);
-                    notify_polls(&mut q);
-                } else if state.writers == 0 {
-                    reply.data(&[]);
-                } else if nonblocking(flags) {
-                    reply.error(to_fuser(Errno(libc::EAGAIN)));
-                } else {
-                    q.readers.push_back(ParkedRead { pid, max, reply });
-                }
+        // Bytes are there. A writer waiting for room puts its bytes in by
+        // the same transaction that takes these out.
+        let rest = q.writers.front().map(|w| w.data[w.done..].to_vec());
+        match self.io(h.pipe, &mut q, rest.unwrap_or_default(), max, true) {
+            Ok((written, data)) => {
+                parked.reply.data(&data);
+                self.advance_writer(&mut q, written);
+                self.serve(h.pipe, &mut q);
+                notify_polls(&mut q);
             }
-            Ok(_) => reply.error(to_fuser(Errno::EIO)),
-            Err(e) => reply.error(to_fuser(e)),
+            Err(e) => parked.reply.error(to_fuser(e)),
         }
     }
 
@@ -579,118 +630,131 @@ impl Pipes {
             done: 0,
             reply,
         };
-        if !q.writers.is_empty() {
-            // Others wait already, so the pipe is full: queue behind them.
+        let state = match self.cached_state(h.pipe, &mut q) {
+            Ok(s) => s,
+            Err(e) => {
+                parked.reply.error(to_fuser(e));
+                return;
+            }
+        };
+        if state.readers == 0 {
+            finish_failed_write(parked, Errno::EPIPE);
+            return;
+        }
+        // Writers go in arrival order: behind others, or into a pipe
+        // without room, this one waits.
+        if !q.writers.is_empty() || state.writable(parked.data.len()) == 0 {
             if nonblock {
-                parked.reply.error(to_fuser(Errno(libc::EAGAIN)));
+                parked.reply.error(to_fuser(Errno::EAGAIN));
             } else {
                 q.writers.push_back(parked);
             }
             return;
         }
-        match self.apply(PipeOp::Write {
-            pipe: h.pipe,
-            data: parked.data.clone(),
-            now_ns: now_ns(),
-        }) {
-            Ok(PipeReply::Written { n, .. }) => {
-                parked.done = n;
-                if n == parked.data.len() {
-                    parked.reply.written(n as u32);
-                } else if nonblock {
-                    if n > 0 {
-                        parked.reply.written(n as u32);
-                    } else {
-                        parked.reply.error(to_fuser(Errno(libc::EAGAIN)));
-                    }
+        // A reader waiting on the empty pipe takes the bytes out in the
+        // same transaction that puts them in.
+        let want = q.readers.front().map_or(0, |r| r.max);
+        let bytes = std::mem::take(&mut parked.data);
+        let r = self.io(h.pipe, &mut q, bytes.clone(), want, false);
+        parked.data = bytes;
+        match r {
+            Ok((written, out)) => {
+                if !out.is_empty()
+                    && let Some(r) = q.readers.pop_front()
+                {
+                    r.reply.data(&out);
+                }
+                parked.done = written;
+                if written == parked.data.len() || nonblock {
+                    parked.reply.written(written as u32);
                 } else {
                     q.writers.push_back(parked);
                 }
-                if n > 0 {
-                    // Bytes arrived: parked readers may go on.
-                    self.serve(h.pipe, &mut q);
-                    notify_polls(&mut q);
-                }
+                self.serve(h.pipe, &mut q);
+                notify_polls(&mut q);
             }
-            Ok(_) => parked.reply.error(to_fuser(Errno::EIO)),
             Err(e) => finish_failed_write(parked, e),
         }
     }
 
-    /// Moves bytes between the parked writers, the pipe and the parked
-    /// readers until nobody can make progress; each move is one
-    /// transaction. Called with the pipe's queues locked.
-    fn serve(&self, pipe: i64, q: &mut Queues) {
-        let mut changed = false;
-        loop {
-            let mut progress = false;
-            // Writers first: their bytes may be what the readers wait for.
-            while let Some(w) = q.writers.front_mut() {
-                let rest = w.data[w.done..].to_vec();
-                match self.apply(PipeOp::Write {
-                    pipe,
-                    data: rest,
-                    now_ns: now_ns(),
-                }) {
-                    Ok(PipeReply::Written { n, .. }) => {
-                        if n == 0 {
-                            break;
-                        }
-                        progress = true;
-                        w.done += n;
-                        if w.done < w.data.len() {
-                            break;
-                        }
-                        if let Some(w) = q.writers.pop_front() {
-                            w.reply.written(w.done as u32);
-                        }
-                    }
-                    Err(e) => {
-                        if let Some(w) = q.writers.pop_front() {
-                            finish_failed_write(w, e);
-                        }
-                    }
-                    Ok(_) => break,
-                }
-            }
-            // Then readers, one at a time: a reader that leaves bytes
-            // behind lets the next one in.
-            while let Some(r) = q.readers.front() {
-                match self.apply(PipeOp::Read {
-                    pipe,
-                    max: r.max,
-                    now_ns: now_ns(),
-                }) {
-                    Ok(PipeReply::Read { data, state }) => {
-                        if data.is_empty() {
-                            if state.writers == 0 {
-                                // End of file for every parked reader.
-                                for r in q.readers.drain(..) {
-                                    r.reply.data(&[]);
-                                }
-                            }
-                            break;
-                        }
-                        progress = true;
-                        if let Some(r) = q.readers.pop_front() {
-                            r.reply.data(&data);
-                        }
-                    }
-                    Err(e) => {
-                        if let Some(r) = q.readers.pop_front() {
-                            r.reply.error(to_fuser(e));
-                        }
-                    }
-                    Ok(_) => break,
-                }
-            }
-            changed |= progress;
-            if !progress {
-                break;
+    /// Credits `written` bytes to the first parked writer, answering it
+    /// once all of its bytes are in.
+    fn advance_writer(&self, q: &mut Queues, written: usize) {
+        if written == 0 {
+            return;
+        }
+        if let Some(w) = q.writers.front_mut() {
+            w.done += written;
+            if w.done >= w.data.len()
+                && let Some(w) = q.writers.pop_front()
+            {
+                w.reply.written(w.done as u32);
             }
         }
-        if changed {
-            notify_polls(q);
+    }
+
+    /// Moves bytes between the parked writers, the pipe and the parked
+    /// readers until nobody can make progress, one transaction per move;
+    /// answers parked callers the pipe's ends no longer serve (end of file
+    /// for readers without writers, EPIPE for writers without readers).
+    /// Called with the pipe's queues locked.
+    fn serve(&self, pipe: i64, q: &mut Queues) {
+        loop {
+            let Ok(state) = self.cached_state(pipe, q) else {
+                return;
+            };
+            if state.readers == 0 && !q.writers.is_empty() {
+                for w in q.writers.drain(..) {
+                    finish_failed_write(w, Errno::EPIPE);
+                }
+            }
+            if state.writers == 0 && state.buffered == 0 && !q.readers.is_empty() {
+                for r in q.readers.drain(..) {
+                    r.reply.data(&[]);
+                }
+            }
+            let write = q
+                .writers
+                .front()
+                .map(|w| w.data[w.done..].to_vec())
+                .filter(|rest| state.writable(rest.len()) > 0);
+            let read = q
+                .readers
+                .front()
+                .map(|r| r.max)
+                .filter(|_| state.buffered > 0 || write.is_some());
+            if write.is_none() && read.is_none() {
+                return;
+            }
+            let read_first = write.is_none();
+            match self.io(
+                pipe,
+                q,
+                write.unwrap_or_default(),
+                read.unwrap_or(0),
+                read_first,
+            ) {
+                Ok((0, out)) if out.is_empty() => return,
+                Ok((written, out)) => {
+                    if !out.is_empty()
+                        && let Some(r) = q.readers.pop_front()
+                    {
+                        r.reply.data(&out);
+                    }
+                    self.advance_writer(q, written);
+                    notify_polls(q);
+                }
+                Err(e) => {
+                    // The transaction failed: the first parked caller of
+                    // each queue gets the error rather than waiting forever.
+                    if let Some(w) = q.writers.pop_front() {
+                        finish_failed_write(w, e);
+                    }
+                    if let Some(r) = q.readers.pop_front() {
+                        r.reply.error(to_fuser(e));
+                    }
+                }
+            }
         }
     }
 
@@ -706,7 +770,7 @@ impl Pipes {
         let h = lock(&self.handles).get(&fh).copied().ok_or(Errno::EBADF)?;
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
-        let s = self.state(h.pipe)?;
+        let s = self.cached_state(h.pipe, &mut q)?;
         let mut ready = PollEvents::empty();
         if h.end.reads() {
             if s.buffered > 0 {
@@ -769,7 +833,7 @@ impl Pipes {
             while i < q.opens.len() {
                 if interrupted(q.opens[i].pid) {
                     let o = q.opens.swap_remove(i);
-                    self.close_handle(o.handle);
+                    self.close_handle(o.handle, &mut q);
                     o.reply.error(to_fuser(Errno::EINTR));
                 } else {
                     i += 1;

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, MAIN_DB, OptionalExtension, params};
 
-use crate::op::{End, PIPE_BUF, PipeError, PipeOp, PipeReply, PipeState};
+use crate::op::{End, PipeError, PipeOp, PipeReply, PipeState};
 use crate::schema::valid_name;
 
 /// Applies `op` inside the caller's transaction on the memory database.
@@ -32,8 +32,13 @@ pub fn apply(conn: &Connection, op: &PipeOp) -> Result<PipeReply, PipeError> {
             now_ns,
         } => open(conn, *pipe, *handle, *end, *pid, *now_ns),
         PipeOp::Close { handle, now_ns } => close(conn, *handle, *now_ns),
-        PipeOp::Write { pipe, data, now_ns } => write(conn, *pipe, data, *now_ns),
-        PipeOp::Read { pipe, max, now_ns } => read(conn, *pipe, *max, *now_ns),
+        PipeOp::Io {
+            pipe,
+            write: data,
+            read: max,
+            read_first,
+            now_ns,
+        } => io(conn, *pipe, data, *max, *read_first, *now_ns),
         PipeOp::Unlink { name, now_ns } => unlink(conn, name, *now_ns),
     }
 }
@@ -118,11 +123,9 @@ fn open(
     )?
     .execute(params![handle, pipe, pid, end.as_str(), now_ns])?;
     ends(conn, pipe, end, 1, now_ns)?;
-    let s = state(conn, pipe)?;
     Ok(PipeReply::Ends {
         pipe,
-        readers: s.readers,
-        writers: s.writers,
+        state: state(conn, pipe)?,
         removed: false,
     })
 }
@@ -173,25 +176,35 @@ fn close(conn: &Connection, handle: u64, now_ns: i64) -> Result<PipeReply, PipeE
     let removed = collect(conn, pipe)?;
     Ok(PipeReply::Ends {
         pipe,
-        readers: s.readers,
-        writers: s.writers,
+        state: PipeState {
+            buffered: if s.readers == 0 && s.writers == 0 {
+                0
+            } else {
+                s.buffered
+            },
+            ..s
+        },
         removed,
     })
 }
 
-fn write(conn: &Connection, pipe: i64, data: &[u8], now_ns: i64) -> Result<PipeReply, PipeError> {
-    let s = state(conn, pipe)?;
+/// Appends as much of `data` as fits; returns the count and the state.
+fn write(
+    conn: &Connection,
+    s: PipeState,
+    pipe: i64,
+    data: &[u8],
+    now_ns: i64,
+) -> Result<(usize, PipeState), PipeError> {
+    if data.is_empty() {
+        return Ok((0, s));
+    }
     if s.readers == 0 {
         return Err(PipeError::BrokenPipe);
     }
-    let free = usize::try_from(s.capacity.saturating_sub(s.buffered)).unwrap_or(usize::MAX);
-    let n = if data.len() <= PIPE_BUF && free < data.len() {
-        0
-    } else {
-        data.len().min(free)
-    };
+    let n = s.writable(data.len());
     if n == 0 {
-        return Ok(PipeReply::Written { n, state: s });
+        return Ok((0, s));
     }
     conn.prepare_cached("INSERT INTO pipe_data(pipe, data) VALUES (?1, ?2)")?
         .execute(params![pipe, &data[..n]])?;
@@ -201,23 +214,51 @@ fn write(conn: &Connection, pipe: i64, data: &[u8], now_ns: i64) -> Result<PipeR
          WHERE id = ?1",
     )?
     .execute(params![pipe, n as i64, now_ns])?;
-    Ok(PipeReply::Written {
+    Ok((
         n,
-        state: PipeState {
+        PipeState {
             buffered: s.buffered + n as u64,
             ..s
         },
+    ))
+}
+
+fn io(
+    conn: &Connection,
+    pipe: i64,
+    data: &[u8],
+    max: u32,
+    read_first: bool,
+    now_ns: i64,
+) -> Result<PipeReply, PipeError> {
+    let s = state(conn, pipe)?;
+    let (written, data_out, s) = if read_first {
+        let (out, s) = read(conn, s, pipe, max, now_ns)?;
+        let (n, s) = write(conn, s, pipe, data, now_ns)?;
+        (n, out, s)
+    } else {
+        let (n, s) = write(conn, s, pipe, data, now_ns)?;
+        let (out, s) = read(conn, s, pipe, max, now_ns)?;
+        (n, out, s)
+    };
+    Ok(PipeReply::Io {
+        written,
+        data: data_out,
+        state: s,
     })
 }
 
-fn read(conn: &Connection, pipe: i64, max: u32, now_ns: i64) -> Result<PipeReply, PipeError> {
-    let s = state(conn, pipe)?;
+/// Consumes up to `max` bytes; returns them and the state.
+fn read(
+    conn: &Connection,
+    s: PipeState,
+    pipe: i64,
+    max: u32,
+    now_ns: i64,
+) -> Result<(Vec<u8>, PipeState), PipeError> {
     let want = usize::try_from(u64::from(max).min(s.buffered)).unwrap_or(0);
     if want == 0 {
-        return Ok(PipeReply::Read {
-            data: Vec::new(),
-            state: s,
-        });
+        return Ok((Vec::new(), s));
     }
     let head: i64 = conn
         .prepare_cached("SELECT head FROM pipe WHERE id = ?1")?
@@ -244,29 +285,38 @@ fn read(conn: &Connection, pipe: i64, max: u32, now_ns: i64) -> Result<PipeReply
             }
         }
     }
-    let mut data = vec![0u8; want];
-    let mut filled = 0usize;
+    let mut data = Vec::with_capacity(want);
     let mut offset = usize::try_from(head).unwrap_or(0);
-    let mut consumed_rows = Vec::new();
+    let mut last_consumed = None;
     for (seq, len) in chunks {
-        let take = (len - offset).min(want - filled);
-        let blob = conn.blob_open(MAIN_DB, "pipe_data", "data", seq, true)?;
-        blob.read_at_exact(&mut data[filled..filled + take], offset)?;
-        drop(blob);
-        filled += take;
+        let take = (len - offset).min(want - data.len());
+        if offset == 0 && take == len {
+            // The whole chunk: one cached statement.
+            let whole: Vec<u8> = conn
+                .prepare_cached("SELECT data FROM pipe_data WHERE seq = ?1")?
+                .query_row([seq], |r| r.get(0))?;
+            data.extend_from_slice(&whole);
+        } else {
+            // Part of a chunk: read only those bytes, so that consuming a
+            // large chunk in small reads stays linear.
+            let start = data.len();
+            data.resize(start + take, 0);
+            let blob = conn.blob_open(MAIN_DB, "pipe_data", "data", seq, true)?;
+            blob.read_at_exact(&mut data[start..], offset)?;
+        }
         if offset + take == len {
-            consumed_rows.push(seq);
+            last_consumed = Some(seq);
             offset = 0;
         } else {
             offset += take;
         }
-        if filled == want {
+        if data.len() == want {
             break;
         }
     }
-    for seq in consumed_rows {
-        conn.prepare_cached("DELETE FROM pipe_data WHERE seq = ?1")?
-            .execute([seq])?;
+    if let Some(seq) = last_consumed {
+        conn.prepare_cached("DELETE FROM pipe_data WHERE pipe = ?1 AND seq <= ?2")?
+            .execute([pipe, seq])?;
     }
     conn.prepare_cached(
         "UPDATE pipe SET buffered = buffered - ?2, bytes_out = bytes_out + ?2, head = ?3,
@@ -274,30 +324,30 @@ fn read(conn: &Connection, pipe: i64, max: u32, now_ns: i64) -> Result<PipeReply
          WHERE id = ?1",
     )?
     .execute(params![pipe, want as i64, offset as i64, now_ns])?;
-    Ok(PipeReply::Read {
+    Ok((
         data,
-        state: PipeState {
+        PipeState {
             buffered: s.buffered - want as u64,
             ..s
         },
-    })
+    ))
 }
 
 fn unlink(conn: &Connection, name: &str, now_ns: i64) -> Result<PipeReply, PipeError> {
-    let found: Option<(i64, u32, u32)> = conn
-        .prepare_cached("SELECT id, readers, writers FROM pipe WHERE name = ?1")?
-        .query_row([name], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT id FROM pipe WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
         .optional()?;
-    let Some((pipe, readers, writers)) = found else {
+    let Some(pipe) = found else {
         return Err(PipeError::NoSuchName(name.to_string()));
     };
+    let s = state(conn, pipe)?;
     conn.prepare_cached("UPDATE pipe SET name = NULL, changed_ns = ?2 WHERE id = ?1")?
         .execute(params![pipe, now_ns])?;
     let removed = collect(conn, pipe)?;
     Ok(PipeReply::Ends {
         pipe,
-        readers,
-        writers,
+        state: s,
         removed,
     })
 }
@@ -343,32 +393,34 @@ mod tests {
         .unwrap();
     }
 
+    fn io(c: &Connection, pipe: i64, data: &[u8], max: u32, read_first: bool) -> PipeReply {
+        let op = PipeOp::Io {
+            pipe,
+            write: data.to_vec(),
+            read: max,
+            read_first,
+            now_ns: 3,
+        };
+        apply(c, &op).unwrap()
+    }
+
     fn write(c: &Connection, pipe: i64, data: &[u8]) -> Result<usize, PipeError> {
-        match apply(
-            c,
-            &PipeOp::Write {
-                pipe,
-                data: data.to_vec(),
-                now_ns: 3,
-            },
-        )? {
-            PipeReply::Written { n, .. } => Ok(n),
+        let op = PipeOp::Io {
+            pipe,
+            write: data.to_vec(),
+            read: 0,
+            read_first: false,
+            now_ns: 3,
+        };
+        match apply(c, &op)? {
+            PipeReply::Io { written, .. } => Ok(written),
             r => panic!("{r:?}"),
         }
     }
 
     fn read(c: &Connection, pipe: i64, max: u32) -> Vec<u8> {
-        match apply(
-            c,
-            &PipeOp::Read {
-                pipe,
-                max,
-                now_ns: 4,
-            },
-        )
-        .unwrap()
-        {
-            PipeReply::Read { data, .. } => data,
+        match io(c, pipe, &[], max, false) {
+            PipeReply::Io { data, .. } => data,
             r => panic!("{r:?}"),
         }
     }
@@ -411,6 +463,23 @@ mod tests {
         assert_eq!(write(&c, p, &[3; 5000]).unwrap(), 2192);
         assert_eq!(write(&c, p, &[4; 1]).unwrap(), 0);
         assert_eq!(read(&c, p, 10_000).len(), 8192);
+        // One transaction can hand bytes over in either order: reading
+        // first makes room for an atomic write that did not fit before.
+        assert_eq!(write(&c, p, &[5; 8192]).unwrap(), 8192);
+        match io(&c, p, &[6; 4096], 4096, true) {
+            PipeReply::Io {
+                written,
+                data,
+                state,
+            } => {
+                assert_eq!((written, data, state.buffered), (4096, vec![5; 4096], 8192));
+            }
+            r => panic!("{r:?}"),
+        }
+        match io(&c, p, &[7; 10], 4096, false) {
+            PipeReply::Io { written, data, .. } => assert_eq!((written, data), (0, vec![5; 4096])),
+            r => panic!("{r:?}"),
+        }
     }
 
     #[test]

@@ -52,15 +52,17 @@ pub enum PipeOp {
     },
     /// Closes `handle`; a pipe with no name and no open end is removed.
     Close { handle: u64, now_ns: i64 },
-    /// Appends as much of `data` as fits (nothing unless all of it fits,
-    /// for at most PIPE_BUF bytes). Fails with `BrokenPipe` without readers.
-    Write {
+    /// Moves bytes through the pipe in one transaction: appends as much of
+    /// `write` as fits (nothing unless all of it fits, for at most
+    /// PIPE_BUF bytes) and consumes up to `read` bytes, reading first if
+    /// `read_first`. Writing without a read end fails with `BrokenPipe`.
+    Io {
         pipe: i64,
-        data: Vec<u8>,
+        write: Vec<u8>,
+        read: u32,
+        read_first: bool,
         now_ns: i64,
     },
-    /// Consumes up to `max` bytes.
-    Read { pipe: i64, max: u32, now_ns: i64 },
     /// Removes the name; the pipe lives on while ends are open.
     Unlink { name: String, now_ns: i64 },
 }
@@ -72,30 +74,45 @@ pub enum PipeReply {
         pipe: i64,
         existed: bool,
     },
-    /// Open ends after the change.
+    /// After an open, close or unlink; `removed` when the pipe is gone.
     Ends {
         pipe: i64,
-        readers: u32,
-        writers: u32,
+        state: PipeState,
         removed: bool,
     },
-    Written {
-        n: usize,
-        state: PipeState,
-    },
-    Read {
+    /// Bytes appended and bytes consumed.
+    Io {
+        written: usize,
         data: Vec<u8>,
         state: PipeState,
     },
 }
 
 /// The counts a caller needs to decide whom to wake.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PipeState {
     pub buffered: u64,
     pub capacity: u64,
     pub readers: u32,
     pub writers: u32,
+}
+
+impl PipeState {
+    /// Bytes that fit before the pipe is full.
+    pub fn free(&self) -> u64 {
+        self.capacity.saturating_sub(self.buffered)
+    }
+
+    /// How many of `len` bytes a write may append now: nothing unless all
+    /// of them fit when `len` is at most PIPE_BUF (such writes are atomic).
+    pub fn writable(&self, len: usize) -> usize {
+        let free = usize::try_from(self.free()).unwrap_or(usize::MAX);
+        if len <= PIPE_BUF && free < len {
+            0
+        } else {
+            len.min(free)
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]

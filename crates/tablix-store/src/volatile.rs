@@ -18,6 +18,12 @@ use crate::schema::MEMORY_SCHEMA;
 
 pub(crate) struct Volatile {
     uri: String,
+    /// The connection Commands are applied on. One is enough (the write
+    /// gate admits one write transaction at a time anyway), and keeping
+    /// to one keeps its page cache valid from one transaction to the next:
+    /// a commit from another connection would make SQLite drop it.
+    writer: Mutex<Connection>,
+    /// Connections for tablix's own reads.
     idle: Mutex<Vec<Connection>>,
 }
 
@@ -26,19 +32,18 @@ impl Volatile {
     pub(crate) fn open(name: &str) -> Result<Volatile, StoreError> {
         let vfs = tablix_vfs::register_mem_vfs().map_err(|e| StoreError::Open(e.to_string()))?;
         let uri = format!("file:{name}?vfs={vfs}");
-        let v = Volatile {
-            uri,
-            idle: Mutex::new(Vec::new()),
-        };
-        let conn = v.connect(true)?;
-        write_txn(&conn, |c| {
+        let writer = connect(&uri, true)?;
+        write_txn(&writer, |c| {
             c.execute_batch(MEMORY_SCHEMA)?;
             c.execute_batch(tablix_pipe::schema::SCHEMA)?;
             c.execute_batch(tablix_proc::schema::SCHEMA)
         })
         .map_err(StoreError::from)?;
-        v.put(conn);
-        Ok(v)
+        Ok(Volatile {
+            uri,
+            writer: Mutex::new(writer),
+            idle: Mutex::new(Vec::new()),
+        })
     }
 
     /// The URI other connections attach as `mem`.
@@ -46,27 +51,11 @@ impl Volatile {
         &self.uri
     }
 
-    fn connect(&self, create: bool) -> Result<Connection, StoreError> {
-        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        if create {
-            flags |= OpenFlags::SQLITE_OPEN_CREATE;
-        }
-        let conn = Connection::open_with_flags(&self.uri, flags)?;
-        // The rollback journal stays in this connection's memory: the
-        // database itself is memory, and only this connection can roll its
-        // own transaction back.
-        conn.execute_batch("PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF")?;
-        conn.set_prepared_statement_cache_capacity(64);
-        Ok(conn)
-    }
-
     fn take(&self) -> Result<Connection, StoreError> {
         let idle = self.idle.lock().ok().and_then(|mut i| i.pop());
         match idle {
             Some(c) => Ok(c),
-            None => self.connect(false),
+            None => connect(&self.uri, false),
         }
     }
 
@@ -78,10 +67,8 @@ impl Volatile {
 
     /// Applies a volatile Command in its own transaction.
     pub(crate) fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
-        let conn = self.take()?;
-        let out = apply_on(&conn, item);
-        self.put(conn);
-        out
+        let conn = self.writer.lock().map_err(|_| StoreError::Closed)?;
+        apply_on(&conn, item)
     }
 
     /// Runs tablix's own read-only SQL on the memory database as `main`.
@@ -91,6 +78,32 @@ impl Volatile {
         self.put(conn);
         Ok(out)
     }
+}
+
+fn connect(uri: &str, create: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let conn = Connection::open_with_flags(uri, flags)?;
+    // The rollback journal stays in this connection's memory: the database
+    // itself is memory, and only this connection can roll its own
+    // transaction back. A cache of 16 MiB holds every page a busy set of
+    // pipes touches.
+    conn.execute_batch(
+        "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF; PRAGMA cache_size=-16384",
+    )?;
+    // Plans must not depend on bound values: SQLite (built with STAT4)
+    // otherwise re-prepares a statement whenever a value bound in a range
+    // changes, which is every time here.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
 }
 
 fn apply_on(conn: &Connection, item: &Stamped) -> Result<Applied, StoreError> {
@@ -145,19 +158,27 @@ fn write_txn(
 ) -> rusqlite::Result<()> {
     let _intent = tablix_vfs::write_intent(conn, "main")
         .map_err(|rc| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None))?;
-    conn.execute_batch("BEGIN IMMEDIATE")?;
+    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
     match f(conn) {
-        Ok(()) => match conn.execute_batch("COMMIT") {
-            Ok(()) => Ok(()),
+        Ok(()) => match conn.prepare_cached("COMMIT")?.execute([]) {
+            Ok(_) => Ok(()),
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                rollback(conn);
                 Err(e)
             }
         },
         Err(e) => {
-            let _ = conn.execute_batch("ROLLBACK");
+            rollback(conn);
             Err(e)
         }
+    }
+}
+
+fn rollback(conn: &Connection) {
+    if !conn.is_autocommit()
+        && let Err(e) = conn.execute_batch("ROLLBACK")
+    {
+        tracing::error!("rolling back a memory-database transaction: {e}");
     }
 }
 

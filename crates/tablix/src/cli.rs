@@ -187,6 +187,10 @@ pub enum BenchWhich {
     /// source tree, find, du, rm -rf) on a tablix mount in async and sync
     /// mode, each against ext4 on the same disk in the same run.
     Fs(FsBenchArgs),
+    /// Database-backed pipes against kernel pipes: bandwidth with 64 KiB
+    /// transfers (as LMbench's bw_pipe) and one-byte ping-pong latency
+    /// (lat_pipe).
+    Pipe(PipeBenchArgs),
     /// One configuration of `bench pcache`, in its own process (internal).
     #[command(hide = true)]
     PcacheWorker(PcacheWorkerArgs),
@@ -265,6 +269,28 @@ pub struct InsertBenchArgs {
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct PipeBenchArgs {
+    /// Scratch directory for the daemon [default: ./target/bench/pipe]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// MiB moved per bandwidth run.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub mb: u64,
+    /// Bytes per write and read in the bandwidth runs.
+    #[arg(long, default_value_t = 65_536, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub chunk: u64,
+    /// Round trips per latency run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub round_trips: u64,
+    /// Runs of each measurement; medians are reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub repeat: u64,
+    /// Threads serving the daemon's file-system requests.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub fuse_threads: u64,
 }
 
 #[derive(Args, Debug)]

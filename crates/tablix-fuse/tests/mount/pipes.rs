@@ -44,7 +44,10 @@ fn create(f: &Fixture, name: &str) -> PathBuf {
 fn ends(p: &Path) -> (File, File) {
     let rp = p.to_path_buf();
     let reader = std::thread::spawn(move || File::open(rp).expect("open read end"));
-    let w = OpenOptions::new().write(true).open(p).expect("open write end");
+    let w = OpenOptions::new()
+        .write(true)
+        .open(p)
+        .expect("open write end");
     (reader.join().expect("reader thread"), w)
 }
 
@@ -91,7 +94,10 @@ fn with_mount(name: &str, body: impl FnOnce(&Fixture)) {
 fn named_pipes_are_created_listed_opened_like_fifos_and_removed() {
     with_mount("named_pipes", |f| {
         let dir = pipes_dir(f);
-        assert_eq!(fs::metadata(&dir).unwrap().permissions().mode() & 0o7777, 0o1777);
+        assert_eq!(
+            fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+            0o1777
+        );
         let p = create(f, "jobs");
         // It exists now: O_EXCL fails, and it is listed.
         let again = OpenOptions::new().write(true).create_new(true).open(&p);
@@ -122,10 +128,14 @@ fn named_pipes_are_created_listed_opened_like_fifos_and_removed() {
             r.read_to_end(&mut rest).unwrap();
             (first, rest)
         });
-        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "open did not wait");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "open did not wait"
+        );
         // A non-blocking open for writing works now that a reader is there.
         let mut w = OpenOptions::new().write(true).open(&p).unwrap();
-        rx.recv_timeout(Duration::from_secs(5)).expect("reader open");
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("reader open");
         w.write_all(b"hello").unwrap();
         std::thread::sleep(Duration::from_millis(100));
         w.write_all(b" world").unwrap();
@@ -173,7 +183,9 @@ fn one_blocked_reader_is_woken_per_write_and_readers_go_in_order() {
             "one byte woke two readers"
         );
         w.write_all(b"b").unwrap();
-        let (_, got) = rx.recv_timeout(Duration::from_secs(5)).expect("the other reader");
+        let (_, got) = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the other reader");
         assert_eq!(got, b"b");
     });
 }
@@ -237,7 +249,9 @@ fn poll_select_and_epoll_report_readiness() {
             .unwrap();
         let waiter = std::thread::spawn(move || {
             let mut events = [EpollEvent::empty(); 1];
-            let n = epoll.wait(&mut events, EpollTimeout::from(5000u16)).unwrap();
+            let n = epoll
+                .wait(&mut events, EpollTimeout::from(5000u16))
+                .unwrap();
             (n, events[0].data())
         });
         std::thread::sleep(Duration::from_millis(100));
@@ -299,7 +313,12 @@ fn broken_pipe_raises_sigpipe_and_eof_follows_the_last_writer() {
         // Nothing is left from the `yes` above: a pipe nobody has open
         // drops its bytes, as a Linux FIFO does.
         let got = reader.join().unwrap();
-        assert!(got == b"last", "read {} bytes: {:?}", got.len(), &got[..got.len().min(16)]);
+        assert!(
+            got == b"last",
+            "read {} bytes: {:?}",
+            got.len(),
+            &got[..got.len().min(16)]
+        );
     });
 }
 
@@ -322,7 +341,9 @@ fn signals_interrupt_blocked_reads_and_killed_readers_release_their_end() {
         let got = reader.join().unwrap();
         assert_eq!(got, Err(Some(libc::EINTR)));
         assert!(flag.load(Ordering::SeqCst), "the handler ran");
-        wait_for("the interrupted reader's end released", || row(f, "sig").3 == 0);
+        wait_for("the interrupted reader's end released", || {
+            row(f, "sig").3 == 0
+        });
         // A reader killed while blocked does not hang and lets go of its end.
         let before = 0;
         let mut cat = Command::new("cat")
@@ -423,7 +444,12 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
         let exe = std::env::current_exe().unwrap();
         let worker = |job: String| {
             Command::new(&exe)
-                .args(["pipes::stress_worker", "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    "pipes::stress_worker",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(WORKER_ENV, job)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -451,13 +477,21 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
         }
         for w in writers {
             let out = w.wait_with_output().unwrap();
-            assert!(out.status.success(), "writer: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "writer: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         drop(holders);
         let mut seen = std::collections::HashMap::<(usize, u32), Vec<u32>>::new();
         for (pipe, r) in readers {
             let out = r.wait_with_output().unwrap();
-            assert!(out.status.success(), "reader: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "reader: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let mut last = std::collections::HashMap::<u32, u32>::new();
             for line in String::from_utf8_lossy(&out.stdout).lines() {
                 // libtest's "test ... " may precede the first record.
@@ -476,7 +510,9 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
         assert_eq!(seen.len(), PIPES * WRITERS as usize);
         for ((pipe, writer), mut seqs) in seen {
             seqs.sort_unstable();
-            let missing: Vec<u32> = (0..COUNT).filter(|s| seqs.binary_search(s).is_err()).collect();
+            let missing: Vec<u32> = (0..COUNT)
+                .filter(|s| seqs.binary_search(s).is_err())
+                .collect();
             assert!(
                 seqs.len() == COUNT as usize && missing.is_empty(),
                 "pipe {pipe} writer {writer}: {} records, missing {missing:?}",

@@ -2,21 +2,22 @@
 //! same run, with the programs the issue names (Bonnie++, Postmark) and a
 //! metadata workload.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 use crate::bench::Rng;
+use crate::bench::daemon::Daemon;
 use crate::cli::FsBenchArgs;
 
 /// Where a workload runs: plain ext4, or a tablix mount served by a daemon.
 struct Target {
     label: String,
     dir: PathBuf,
-    daemon: Option<Child>,
+    daemon: Option<Daemon>,
     /// Bonnie++ runs here: size in MiB, and whether every write is fsync'ed.
     bonnie_runs: Vec<(u64, bool)>,
 }
@@ -36,44 +37,19 @@ impl Target {
     fn tablix(base: &Path, mode: &str, bonnie_run: (u64, bool)) -> anyhow::Result<Target> {
         let data = base.join(format!("tablix-{mode}-data"));
         let mnt = base.join(format!("tablix-{mode}-mnt"));
-        if data.exists() {
-            std::fs::remove_dir_all(&data)?;
-        }
-        std::fs::create_dir_all(&mnt)?;
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args(["up", "--http", "127.0.0.1:0", "--mode", mode, "--data"])
-            .arg(&data)
-            .arg(&mnt)
-            .env("TABLIX_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the daemon")?;
-        let mut line = String::new();
-        let stdout = child.stdout.take().context("daemon stdout")?;
-        BufReader::new(stdout).read_line(&mut line)?;
-        if !line.starts_with("tablix ready") {
-            let _ = child.kill();
-            bail!("the daemon did not start: {line}");
-        }
+        let daemon = Daemon::start(&data, &mnt, mode, &[])?;
         Ok(Target {
             label: format!("tablix {mode}"),
             dir: mnt,
-            daemon: Some(child),
+            daemon: Some(daemon),
             bonnie_runs: vec![bonnie_run],
         })
     }
 
-    fn stop(mut self) -> anyhow::Result<()> {
-        if let Some(child) = self.daemon.as_mut() {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            )?;
-            let status = child.wait()?;
-            if !status.success() {
-                bail!("the {} daemon exited with {status}", self.label);
-            }
+    fn stop(self) -> anyhow::Result<()> {
+        if let Some(d) = self.daemon {
+            d.stop()
+                .with_context(|| format!("stopping the {} daemon", self.label))?;
         }
         Ok(())
     }

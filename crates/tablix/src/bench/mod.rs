@@ -1,10 +1,12 @@
 //! `tablix bench`: benchmarks as programs, reporting ratios against a
 //! baseline measured in the same run on the same machine.
 
+mod daemon;
 mod fs;
 mod hits;
 mod insert;
 mod pcache;
+mod pipe;
 mod speed;
 
 use std::process::ExitCode;
@@ -15,6 +17,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchWhich::Insert(a) => insert::run(a),
         BenchWhich::Fs(a) => fs::run(a),
+        BenchWhich::Pipe(a) => pipe::run(a),
         BenchWhich::Pcache(a) => pcache::run(a),
         BenchWhich::PcacheWorker(a) => pcache::worker(a),
     }

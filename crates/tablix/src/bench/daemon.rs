@@ -1,0 +1,68 @@
+//! A `tablix up` daemon with a mount, started for one benchmark.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, bail};
+
+pub(crate) struct Daemon {
+    child: Child,
+    /// Where the file system is mounted.
+    pub(crate) mount: PathBuf,
+    /// The HTTP API, `host:port`.
+    pub(crate) http: String,
+}
+
+impl Daemon {
+    /// Starts a daemon on a fresh data directory `data`, mounted at `mnt`.
+    pub(crate) fn start(
+        data: &Path,
+        mnt: &Path,
+        mode: &str,
+        extra: &[String],
+    ) -> anyhow::Result<Daemon> {
+        if data.exists() {
+            std::fs::remove_dir_all(data)?;
+        }
+        std::fs::create_dir_all(mnt)?;
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["up", "--http", "127.0.0.1:0", "--mode", mode, "--data"])
+            .arg(data)
+            .args(extra)
+            .arg(mnt)
+            .env("TABLIX_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the daemon")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("daemon stdout")?;
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(http) = line
+            .strip_prefix("tablix ready: http=http://")
+            .and_then(|rest| rest.split_whitespace().next())
+        else {
+            let _ = child.kill();
+            bail!("the daemon did not start: {line}");
+        };
+        Ok(Daemon {
+            http: http.to_string(),
+            child,
+            mount: mnt.to_path_buf(),
+        })
+    }
+
+    /// Stops the daemon (SIGTERM) and checks that it exited cleanly.
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("the daemon exited with {status}");
+        }
+        Ok(())
+    }
+}
