@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-fs pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-fs bench-pipe pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -56,7 +56,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (not part of `make test`).
-bench: bench-insert bench-pcache bench-fs
+bench: bench-insert bench-pcache bench-fs bench-pipe
 
 bench-pcache: build
 	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
@@ -67,3 +67,7 @@ bench-insert: build
 ## The file system against ext4 on the same disk (needs root).
 bench-fs: build
 	./target/release/tablix bench fs $(BENCH_ARGS)
+
+## Database pipes against kernel pipes (needs root: it mounts).
+bench-pipe: build
+	./target/release/tablix bench pipe $(BENCH_ARGS)

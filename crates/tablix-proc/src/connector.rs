@@ -99,6 +99,37 @@ impl Connector {
         })
     }
 
+    /// Whether events actually arrive: the kernel may accept the
+    /// subscription and still send nothing (outside the initial pid and
+    /// user namespaces). Starts a short-lived child and waits up to
+    /// `within` for its exit to be reported; other events seen meanwhile
+    /// are dropped (the caller seeds from /proc afterwards).
+    pub(crate) fn probe(&mut self, within: std::time::Duration) -> io::Result<bool> {
+        let child = std::process::Command::new("true").spawn()?;
+        let pid = child.id();
+        let mut child = child;
+        child.wait()?;
+        self.socket.set_non_blocking(true)?;
+        let deadline = std::time::Instant::now() + within;
+        let mut seen = false;
+        while !seen && std::time::Instant::now() < deadline {
+            match self.next() {
+                Ok(events) => {
+                    seen = events
+                        .iter()
+                        .any(|e| matches!(e, KernelEvent::Exit { pid: p, .. } if *p == pid));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(e) if e.raw_os_error() == Some(105) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.socket.set_non_blocking(false)?;
+        Ok(seen)
+    }
+
     /// Blocks for the next datagram and decodes the events in it.
     /// ENOBUFS means events were dropped (the caller rescans /proc).
     pub(crate) fn next(&mut self) -> io::Result<Vec<KernelEvent>> {

@@ -51,9 +51,22 @@ impl Watcher {
     ) -> std::io::Result<Watcher> {
         let boot = boot_unix_ns();
         let connector = if config.force_poll {
-            Err(std::io::Error::other("polling was asked for"))
+            Err("polling was asked for (TABLIX_PROCESS_POLL)".to_string())
         } else {
-            Connector::open()
+            match Connector::open() {
+                Err(e) if e.raw_os_error() == Some(1) => Err(
+                    "the kernel's process events need CAP_NET_ADMIN (run as root)".to_string(),
+                ),
+                Err(e) => Err(format!("the kernel's process events are unavailable: {e}")),
+                Ok(mut c) => match c.probe(Duration::from_secs(2)) {
+                    Ok(true) => Ok(c),
+                    Ok(false) => Err(
+                        "the kernel accepted the process-event subscription but sent no events (not in the initial namespaces?)"
+                            .to_string(),
+                    ),
+                    Err(e) => Err(format!("testing the kernel's process events failed: {e}")),
+                },
+            }
         };
         // Subscribe before seeding, so nothing between the two is missed.
         let seed = scan_all(boot);
@@ -83,12 +96,7 @@ impl Watcher {
                     .spawn(move || apply_events(rx, boot, history, sink))?;
                 Source::Connector
             }
-            Err(e) => {
-                let reason = if e.raw_os_error() == Some(1) {
-                    "the kernel's process events need CAP_NET_ADMIN (run as root)".to_string()
-                } else {
-                    format!("the kernel's process events are unavailable: {e}")
-                };
+            Err(reason) => {
                 let interval = config.poll_interval;
                 std::thread::Builder::new()
                     .name("tablix-proc-poll".into())

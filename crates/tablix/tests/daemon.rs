@@ -784,3 +784,398 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
     assert!(e.contains("is busy"), "{e}");
     daemon.stop();
 }
+
+// ----- pipes, `tablix run` and the process table -----
+
+/// Rows of a query on the daemon's SQL API.
+fn rows(d: &Daemon, q: &str) -> Vec<Vec<serde_json::Value>> {
+    let agent = ureq::Agent::new_with_defaults();
+    let mut r = agent
+        .get(format!("http://{}/db/query", d.addr))
+        .query("q", q)
+        .call()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    let result = &v["results"][0];
+    assert!(result.get("error").is_none(), "{q}: {result}");
+    result["values"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| r.as_array().cloned().unwrap_or_default())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Polls `q` until its first value satisfies `ok`, for up to 10 s.
+fn wait_rows(
+    d: &Daemon,
+    q: &str,
+    ok: impl Fn(&[Vec<serde_json::Value>]) -> bool,
+) -> Vec<Vec<serde_json::Value>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = rows(d, q);
+        if ok(&r) {
+            return r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: {q} gave {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn sh(script: &str) -> Output {
+    Command::new("sh").arg("-c").arg(script).output().unwrap()
+}
+
+fn tablix_run(data: &Path, argv: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["run", "--data", data.to_str().unwrap(), "--"])
+        .args(argv)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
+    if !fuse_or_skip("tablix_run_sends_every_pipe_through_the_database") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    let pipelines = [
+        "seq 1000000 | sort -n | tail -1",
+        "seq 20000 | sort -rn | head -3",
+        "yes | head -2; echo after",
+        "printf 'b\\na\\nc\\n' | sort | tr a-z A-Z | cat -n",
+        "echo $(seq 3 | wc -l) lines",
+        "seq 100000 | xargs -n 1000 echo | wc -l",
+        "seq 50000 | gzip -c | gzip -dc | md5sum",
+    ];
+    for p in pipelines {
+        let want = sh(p);
+        let got = tablix_run(&data, &["sh", "-c", p]);
+        assert_eq!(text(&got), text(&want), "{p}");
+        assert_eq!(got.status.code(), want.status.code(), "{p}");
+    }
+    // bash's exit statuses and process substitution (a pipe reopened
+    // through /dev/fd).
+    let script = "yes | head -1 >/dev/null; echo ${PIPESTATUS[@]}; while read l; do echo \"<$l>\"; done < <(seq 3)";
+    let want = Command::new("bash").arg("-c").arg(script).output().unwrap();
+    let got = tablix_run(&data, &["bash", "-c", script]);
+    assert_eq!(text(&got), text(&want));
+    // They really were tablix pipes, reported to programs as FIFOs.
+    let got = tablix_run(
+        &data,
+        &[
+            "sh",
+            "-c",
+            "seq 3 | readlink /proc/self/fd/0; seq 3 | stat -L -c %F /dev/stdin",
+        ],
+    );
+    let (out, err) = text(&got);
+    assert!(
+        out.contains("/.tablix/pipes/anon-") && out.contains("fifo"),
+        "{out} {err}"
+    );
+    // While a pipeline runs, its pipe is a row joined with the processes
+    // holding its ends; afterwards nothing is left.
+    let mut running = Command::new(BIN)
+        .args([
+            "run",
+            "--data",
+            data.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "sleep 2 | sleep 2",
+        ])
+        .spawn()
+        .unwrap();
+    let held = wait_rows(
+        &d,
+        "SELECT p.readers, p.writers, count(DISTINCT h.handle), min(x.comm)
+         FROM pipes p JOIN mem.pid_pipe h ON h.pipe = p.id
+         LEFT JOIN processes x ON x.pid = h.pid AND x.exit_ns IS NULL
+         GROUP BY p.id",
+        // Process events are applied asynchronously: wait for the exec.
+        |r| r.len() == 1 && r[0][3] == "sh",
+    );
+    assert_eq!(held[0][0], 1);
+    assert_eq!(held[0][1], 1);
+    assert_eq!(held[0][2], 2);
+    assert_eq!(
+        held[0][3], "sh",
+        "the shell that called pipe() holds both ends"
+    );
+    assert!(running.wait().unwrap().success());
+    wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
+    d.stop();
+}
+
+#[test]
+fn pipe_and_run_commands_say_what_is_wrong() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("nodaemon");
+    let o = tablix_run(&data, &["true"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("tablix is not running"),
+        "{:?}",
+        text(&o)
+    );
+    let o = tablix(
+        &["pipe", "create", "--data", data.to_str().unwrap(), "p"],
+        "",
+    );
+    assert!(
+        text(&o).1.contains("tablix is not running"),
+        "{:?}",
+        text(&o)
+    );
+    for bad in ["a/b", "..", ""] {
+        let o = tablix(
+            &["pipe", "create", "--data", data.to_str().unwrap(), bad],
+            "",
+        );
+        assert!(!o.status.success());
+        assert!(
+            text(&o).1.contains("invalid pipe name"),
+            "{bad}: {:?}",
+            text(&o)
+        );
+    }
+    let o = tablix(&["pipe", "create", "--mode", "999", "p"], "");
+    assert!(text(&o).1.contains("not an octal mode"), "{:?}", text(&o));
+    // A daemon without a mount has no pipes to offer.
+    let bare = tmp.path().join("bare");
+    let d = Daemon::start(&bare, &[]);
+    let o = tablix_run(&bare, &["true"]);
+    assert!(
+        text(&o).1.contains("has no file system mounted"),
+        "{:?}",
+        text(&o)
+    );
+    d.stop();
+    if !fuse_or_skip("pipe_and_run_commands_say_what_is_wrong") {
+        return;
+    }
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    let create = |name: &str| {
+        tablix(
+            &["pipe", "create", "--data", data.to_str().unwrap(), name],
+            "",
+        )
+    };
+    let o = create("jobs");
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(
+        text(&o).0.trim(),
+        mnt.join(".tablix/pipes/jobs").to_str().unwrap()
+    );
+    let o = create("jobs");
+    assert!(
+        text(&o).1.contains("a pipe named \"jobs\" exists"),
+        "{:?}",
+        text(&o)
+    );
+    assert_eq!(
+        rows(&d, "SELECT name, mode FROM pipes"),
+        [[serde_json::json!("jobs"), serde_json::json!(0o600)]]
+    );
+    let remove = |name: &str| {
+        tablix(
+            &["pipe", "remove", "--data", data.to_str().unwrap(), name],
+            "",
+        )
+    };
+    assert!(remove("jobs").status.success());
+    assert!(text(&remove("jobs")).1.contains("no pipe named \"jobs\""));
+    d.stop();
+}
+
+#[test]
+fn the_process_table_follows_forks_execs_and_exits() {
+    if !nix::unistd::geteuid().is_root() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("the process-event test must run as root under CI");
+        }
+        eprintln!("the_process_table_follows_forks_execs_and_exits: SKIPPED: not root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Daemon::start(tmp.path(), &["--process-history", "30"]);
+    let me = std::process::id();
+    // Seeded from /proc: this test process is there, with its threads.
+    let seeded = rows(
+        &d,
+        &format!("SELECT tgid, uid FROM processes WHERE pid = {me} AND exit_ns IS NULL"),
+    );
+    assert_eq!(seeded, [[serde_json::json!(me), serde_json::json!(0)]]);
+    // fork + exit with a code.
+    let child = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+    let pid = child.id();
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(3));
+    let r = wait_rows(
+        &d,
+        &format!(
+            "SELECT ppid, exit_code, exit_signal, exit_ns > start_ns FROM processes WHERE pid = {pid} ORDER BY id DESC LIMIT 1"
+        ),
+        |r| r.first().is_some_and(|row| row[1] == 3),
+    );
+    assert_eq!(r[0][0], me);
+    assert_eq!(r[0][2], serde_json::Value::Null);
+    assert_eq!(r[0][3], 1);
+    // exec: the row follows the new program.
+    let mut sleeper = Command::new("sh")
+        .args(["-c", "exec sleep 30"])
+        .spawn()
+        .unwrap();
+    let pid = sleeper.id();
+    let r = wait_rows(
+        &d,
+        &format!("SELECT comm, exe, cmdline FROM processes WHERE pid = {pid} AND exit_ns IS NULL"),
+        |r| r.first().is_some_and(|row| row[0] == "sleep"),
+    );
+    assert!(
+        r[0][1].as_str().is_some_and(|e| e.ends_with("/sleep")),
+        "{r:?}"
+    );
+    assert_eq!(r[0][2], "sleep 30");
+    // Killed by a signal.
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    wait_rows(
+        &d,
+        &format!("SELECT exit_signal FROM processes WHERE pid = {pid} ORDER BY id DESC LIMIT 1"),
+        |r| r.first().is_some_and(|row| row[0] == 9),
+    );
+    // Threads share their process's descriptors: the seed's handler_id.
+    let threads = rows(
+        &d,
+        &format!(
+            "SELECT count(*) FROM pid_store WHERE handler_id = {} AND pid != handler_id",
+            d.child.id()
+        ),
+    );
+    assert!(
+        threads[0][0].as_i64().unwrap() > 0,
+        "the daemon's threads: {threads:?}"
+    );
+    // The history of exited processes is bounded.
+    for _ in 0..40 {
+        Command::new("true").status().unwrap();
+    }
+    wait_rows(
+        &d,
+        "SELECT count(*) FROM processes WHERE exit_ns IS NOT NULL",
+        |r| r[0][0] == 30,
+    );
+    let log = d.stop_with_log();
+    assert!(!log.contains("polling /proc"), "{log}");
+}
+
+#[test]
+fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let d = Command::new(BIN)
+        .args([
+            "up",
+            "--http",
+            "127.0.0.1:0",
+            "--process-poll-ms",
+            "50",
+            "--data",
+        ])
+        .arg(&data)
+        .env("TABLIX_LOG", "warn")
+        .env("TABLIX_PROCESS_POLL", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut d = {
+        let mut child = d;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("http=http://"))
+            .expect("ready line")
+            .to_string();
+        Daemon { child, addr }
+    };
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id();
+    wait_rows(
+        &d,
+        &format!("SELECT comm FROM processes WHERE pid = {pid} AND exit_ns IS NULL"),
+        |r| r.first().is_some_and(|row| row[0] == "sleep"),
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    // Polling sees the exit, not its status.
+    let r = wait_rows(
+        &d,
+        &format!(
+            "SELECT exit_code, exit_signal FROM processes WHERE pid = {pid} AND exit_ns IS NOT NULL"
+        ),
+        |r| !r.is_empty(),
+    );
+    assert_eq!(r[0], [serde_json::Value::Null, serde_json::Value::Null]);
+    d.signal(Signal::SIGTERM);
+    let mut err = String::new();
+    std::io::Read::read_to_string(d.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(d.child.wait().unwrap().success());
+    assert!(err.contains("polling /proc every 50 ms"), "{err}");
+    // As another user the daemon still starts and says where the process
+    // table comes from: kernel events where the kernel allows unprivileged
+    // listeners (Linux 6.6 and later), else polling, with the reason.
+    if nix::unistd::geteuid().is_root() {
+        let bin_dir = tempfile::tempdir().unwrap();
+        let exe = bin_dir.path().join("tablix");
+        std::fs::copy(BIN, &exe).unwrap();
+        let world = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap()
+        };
+        world(bin_dir.path(), 0o755);
+        world(tmp.path(), 0o777);
+        let mut child = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&exe)
+            .args(["up", "--http", "127.0.0.1:0", "--data"])
+            .arg(tmp.path().join("nobody"))
+            .current_dir(tmp.path())
+            .env("TABLIX_LOG", "info")
+            .env_remove("TABLIX_PROCESS_POLL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(line.starts_with("tablix ready"), "{line} {err}");
+        assert!(
+            err.contains("process table: following the kernel's process events")
+                || err.contains("polling /proc every 1000 ms instead"),
+            "{err}"
+        );
+    }
+}

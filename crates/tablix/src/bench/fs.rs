@@ -242,6 +242,11 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
             bail!("unknown mode {m:?}: expected sync or async");
         }
     }
+    for w in &a.workloads {
+        if !["bonnie", "postmark", "meta"].contains(&w.as_str()) {
+            bail!("unknown workload {w:?}: expected bonnie, postmark or meta");
+        }
+    }
     let base = a
         .dir
         .clone()
