@@ -30,6 +30,7 @@ pub fn pipe_errno(e: &tablix_pipe::PipeError) -> Errno {
         P::InvalidName(_) => Errno::EINVAL,
         P::NoSuchHandle(_) => Errno::EBADF,
         P::InvalidCapacity(_) => Errno::EINVAL,
+        P::CapacityBelowBuffered { .. } => Errno::EBUSY,
         P::BrokenPipe => Errno::EPIPE,
         P::Sql(m) if m.contains(DISK_FULL) => Errno::ENOSPC,
         P::Sql(_) => Errno::EIO,
@@ -86,6 +87,13 @@ mod tests {
             (P::InvalidCapacity(1), Errno::EINVAL),
             (P::NoSuchHandle(9), Errno::EBADF),
             (P::BrokenPipe, Errno::EPIPE),
+            (
+                P::CapacityBelowBuffered {
+                    capacity: 4096,
+                    buffered: 5000,
+                },
+                Errno::EBUSY,
+            ),
             (P::Sql("database or disk is full".into()), Errno::ENOSPC),
             (P::Sql("no such table: pipe".into()), Errno::EIO),
         ];

@@ -751,7 +751,7 @@ impl Filesystem for TablixFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -760,7 +760,10 @@ impl Filesystem for TablixFs {
         reply: ReplyEmpty,
     ) {
         if is_virtual(ino.0) {
-            Self::reply_empty(reply, Err(Errno::EOPNOTSUPP));
+            let r = self
+                .pipes
+                .set_xattr(ino.0, name.as_bytes(), value, req.uid());
+            Self::reply_empty(reply, r);
             return;
         }
         let r = self.change(FsOp::SetXattr {
@@ -774,7 +777,7 @@ impl Filesystem for TablixFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let r = if is_virtual(ino.0) {
-            Err(Errno::ENODATA)
+            self.pipes.get_xattr(ino.0, name.as_bytes())
         } else {
             self.read(|c| read::getxattr(c, ino.0, name.as_bytes()))
         };
@@ -783,7 +786,7 @@ impl Filesystem for TablixFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let r = if is_virtual(ino.0) {
-            Ok(Vec::new())
+            Ok(self.pipes.list_xattr(ino.0))
         } else {
             self.read(|c| read::listxattr(c, ino.0))
         };

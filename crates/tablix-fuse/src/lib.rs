@@ -18,4 +18,4 @@ mod pipes;
 
 pub use fs::{FsConfig, TablixFs};
 pub use mount::{MountError, MountOptions, Mounted, mount};
-pub use pipes::{CONTROL_NAME, PIPES_NAME};
+pub use pipes::{CAPACITY_XATTR, CONTROL_NAME, PIPES_NAME};

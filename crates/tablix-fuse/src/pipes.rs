@@ -47,6 +47,10 @@ pub(crate) const PIPES_INO: u64 = CONTROL_INO + 1;
 /// numbers (AUTOINCREMENT from 1) never get near these.
 pub(crate) const PIPE_INO_BASE: u64 = 1 << 49;
 
+/// The extended attribute holding a pipe's capacity in bytes, in decimal:
+/// `setfattr -n user.tablix.capacity -v 1048576 PIPE` is F_SETPIPE_SZ.
+pub const CAPACITY_XATTR: &[u8] = b"user.tablix.capacity";
+
 /// How often parked callers are checked for signals.
 const SIGNAL_SCAN: Duration = Duration::from_millis(20);
 
@@ -758,6 +762,66 @@ impl Pipes {
         }
     }
 
+    // ----- capacity, as an extended attribute -----
+
+    /// Sets a pipe's capacity. As F_SETPIPE_SZ: only root may go beyond
+    /// /proc/sys/fs/pipe-max-size, and not below the bytes buffered.
+    pub(crate) fn set_xattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        uid: u32,
+    ) -> Result<(), Errno> {
+        let pipe = pipe_of(ino).ok_or(Errno::EOPNOTSUPP)?;
+        if name != CAPACITY_XATTR {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let capacity: u32 = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or(Errno::EINVAL)?;
+        let max = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(1 << 20);
+        if uid != 0 && capacity > max {
+            return Err(Errno::EPERM);
+        }
+        let q = self.queues(pipe);
+        let mut q = lock(&q);
+        self.apply_to(
+            &mut q,
+            PipeOp::SetCapacity {
+                pipe,
+                capacity,
+                now_ns: now_ns(),
+            },
+        )?;
+        // More room may let parked writers on.
+        self.serve(pipe, &mut q);
+        notify_polls(&mut q);
+        Ok(())
+    }
+
+    pub(crate) fn get_xattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        let pipe = pipe_of(ino).ok_or(Errno::ENODATA)?;
+        if name != CAPACITY_XATTR {
+            return Err(Errno::ENODATA);
+        }
+        let q = self.queues(pipe);
+        let mut q = lock(&q);
+        let s = self.cached_state(pipe, &mut q)?;
+        Ok(s.capacity.to_string().into_bytes())
+    }
+
+    pub(crate) fn list_xattr(&self, ino: u64) -> Vec<u8> {
+        match pipe_of(ino) {
+            Some(_) => [CAPACITY_XATTR, b"\0"].concat(),
+            None => Vec::new(),
+        }
+    }
+
     // ----- readiness -----
 
     pub(crate) fn poll(
@@ -789,7 +853,10 @@ impl Pipes {
             }
         }
         let wanted = ready & (events | PollEvents::POLLHUP | PollEvents::POLLERR);
-        if flags.contains(PollFlags::FUSE_POLL_SCHEDULE_NOTIFY) {
+        // The kernel reuses one handle per open file: keep each once.
+        if flags.contains(PollFlags::FUSE_POLL_SCHEDULE_NOTIFY)
+            && !q.polls.iter().any(|p| p.handle().0 == ph.handle().0)
+        {
             q.polls.push(ph);
         }
         Ok(wanted)

@@ -39,6 +39,11 @@ pub fn apply(conn: &Connection, op: &PipeOp) -> Result<PipeReply, PipeError> {
             read_first,
             now_ns,
         } => io(conn, *pipe, data, *max, *read_first, *now_ns),
+        PipeOp::SetCapacity {
+            pipe,
+            capacity,
+            now_ns,
+        } => set_capacity(conn, *pipe, *capacity, *now_ns),
         PipeOp::Unlink { name, now_ns } => unlink(conn, name, *now_ns),
     }
 }
@@ -333,6 +338,34 @@ fn read(
     ))
 }
 
+fn set_capacity(
+    conn: &Connection,
+    pipe: i64,
+    capacity: u32,
+    now_ns: i64,
+) -> Result<PipeReply, PipeError> {
+    if !(4096..=1 << 30).contains(&capacity) {
+        return Err(PipeError::InvalidCapacity(capacity));
+    }
+    let s = state(conn, pipe)?;
+    if s.buffered > u64::from(capacity) {
+        return Err(PipeError::CapacityBelowBuffered {
+            capacity,
+            buffered: s.buffered,
+        });
+    }
+    conn.prepare_cached("UPDATE pipe SET capacity = ?2, changed_ns = ?3 WHERE id = ?1")?
+        .execute(params![pipe, capacity, now_ns])?;
+    Ok(PipeReply::Ends {
+        pipe,
+        state: PipeState {
+            capacity: u64::from(capacity),
+            ..s
+        },
+        removed: false,
+    })
+}
+
 fn unlink(conn: &Connection, name: &str, now_ns: i64) -> Result<PipeReply, PipeError> {
     let found: Option<i64> = conn
         .prepare_cached("SELECT id FROM pipe WHERE name = ?1")?
@@ -463,6 +496,28 @@ mod tests {
         assert_eq!(write(&c, p, &[3; 5000]).unwrap(), 2192);
         assert_eq!(write(&c, p, &[4; 1]).unwrap(), 0);
         assert_eq!(read(&c, p, 10_000).len(), 8192);
+        // The capacity can change, but not below what is buffered.
+        write(&c, p, &[1; 6000]).unwrap();
+        let resize = |capacity| PipeOp::SetCapacity {
+            pipe: p,
+            capacity,
+            now_ns: 4,
+        };
+        assert_eq!(
+            apply(&c, &resize(4096)),
+            Err(PipeError::CapacityBelowBuffered {
+                capacity: 4096,
+                buffered: 6000
+            })
+        );
+        assert_eq!(
+            apply(&c, &resize(100)),
+            Err(PipeError::InvalidCapacity(100))
+        );
+        apply(&c, &resize(16384)).unwrap();
+        assert_eq!(write(&c, p, &[1; 20000]).unwrap(), 16384 - 6000);
+        read(&c, p, 16384);
+        apply(&c, &resize(8192)).unwrap();
         // One transaction can hand bytes over in either order: reading
         // first makes room for an atomic write that did not fit before.
         assert_eq!(write(&c, p, &[5; 8192]).unwrap(), 8192);

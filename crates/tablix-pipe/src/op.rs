@@ -63,6 +63,13 @@ pub enum PipeOp {
         read_first: bool,
         now_ns: i64,
     },
+    /// Sets how many bytes the pipe holds (as F_SETPIPE_SZ does); fails if
+    /// more are buffered.
+    SetCapacity {
+        pipe: i64,
+        capacity: u32,
+        now_ns: i64,
+    },
     /// Removes the name; the pipe lives on while ends are open.
     Unlink { name: String, now_ns: i64 },
 }
@@ -129,6 +136,8 @@ pub enum PipeError {
     NoSuchHandle(u64),
     #[error("capacity must be between 4096 bytes and 1 GiB, not {0}")]
     InvalidCapacity(u32),
+    #[error("{buffered} bytes are buffered, more than a capacity of {capacity}")]
+    CapacityBelowBuffered { capacity: u32, buffered: u64 },
     #[error("broken pipe: no open read end")]
     BrokenPipe,
     #[error("{0}")]

@@ -54,6 +54,10 @@ int pipe2(int fds[2], int flags)
         errno = EINVAL;
         return -1;
     }
+    /* Packet mode (O_DIRECT) keeps write boundaries, which a database
+     * pipe does not: such pipes stay kernel pipes. */
+    if (flags & O_DIRECT)
+        return libc_pipe2(fds, flags);
     int keep = flags & (O_CLOEXEC | O_NONBLOCK);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -51,6 +51,10 @@ pub enum PipeCommand {
         /// Permission bits, in octal.
         #[arg(long, value_name = "MODE", default_value = "600", value_parser = parse_mode)]
         mode: u32,
+        /// Bytes the pipe holds before writers block (as F_SETPIPE_SZ;
+        /// beyond /proc/sys/fs/pipe-max-size only for root).
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(4096..=1 << 30))]
+        capacity: Option<u32>,
         /// Pipe name: a file name of 1 to 255 bytes without '/'.
         name: String,
     },

@@ -1,6 +1,7 @@
 //! `tablix pipe`: named database-backed pipes on the mount.
 
 use std::fs::OpenOptions;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::process::ExitCode;
 
@@ -11,7 +12,12 @@ use crate::discovery;
 
 pub fn run(args: PipeArgs) -> anyhow::Result<ExitCode> {
     match args.which {
-        PipeCommand::Create { data, mode, name } => {
+        PipeCommand::Create {
+            data,
+            mode,
+            capacity,
+            name,
+        } => {
             check_name(&name)?;
             let path = discovery::pipes_dir(data.as_deref())?.join(&name);
             // O_CREAT|O_EXCL on the pipes directory creates the pipe; the
@@ -24,6 +30,16 @@ pub fn run(args: PipeArgs) -> anyhow::Result<ExitCode> {
                 .open(&path)
             {
                 Ok(_) => {
+                    if let Some(bytes) = capacity
+                        && let Err(e) = xattr::set(
+                            &path,
+                            std::ffi::OsStr::from_bytes(tablix_fuse::CAPACITY_XATTR),
+                            bytes.to_string().as_bytes(),
+                        )
+                    {
+                        let _ = std::fs::remove_file(&path);
+                        bail!("setting the capacity of pipe {name:?} to {bytes}: {e}");
+                    }
                     println!("{}", path.display());
                     Ok(ExitCode::SUCCESS)
                 }

@@ -992,6 +992,23 @@ fn pipe_and_run_commands_say_what_is_wrong() {
         rows(&d, "SELECT name, mode FROM pipes"),
         [[serde_json::json!("jobs"), serde_json::json!(0o600)]]
     );
+    let o = tablix(
+        &[
+            "pipe",
+            "create",
+            "--data",
+            data.to_str().unwrap(),
+            "--capacity",
+            "8192",
+            "small",
+        ],
+        "",
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(
+        rows(&d, "SELECT capacity FROM pipes WHERE name = 'small'"),
+        [[serde_json::json!(8192)]]
+    );
     let remove = |name: &str| {
         tablix(
             &["pipe", "remove", "--data", data.to_str().unwrap(), name],
@@ -1059,6 +1076,30 @@ fn the_process_table_follows_forks_execs_and_exits() {
         &format!("SELECT exit_signal FROM processes WHERE pid = {pid} ORDER BY id DESC LIMIT 1"),
         |r| r.first().is_some_and(|row| row[0] == 9),
     );
+    // A change of user and group (setpriv changes them, then execs).
+    let mut nobody = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sleep",
+            "30",
+        ])
+        .spawn()
+        .unwrap();
+    let pid = nobody.id();
+    wait_rows(
+        &d,
+        &format!(
+            "SELECT uid, euid, gid, egid, comm FROM processes WHERE pid = {pid} AND exit_ns IS NULL"
+        ),
+        |r| {
+            r.first()
+                .is_some_and(|row| row[..4].iter().all(|v| *v == 65534) && row[4] == "sleep")
+        },
+    );
+    nobody.kill().unwrap();
+    nobody.wait().unwrap();
     // Threads share their process's descriptors: the seed's handler_id.
     let threads = rows(
         &d,

@@ -4,6 +4,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -227,6 +228,31 @@ fn capacity_nonblocking_io_and_atomic_small_writes() {
         assert!(all[..CAPACITY - 100].iter().all(|&b| b == 7));
         assert!(all[CAPACITY - 100..CAPACITY].iter().all(|&b| b == 2));
         assert_eq!(&all[CAPACITY..], &expect[..]);
+    });
+}
+
+#[test]
+fn capacity_is_an_extended_attribute_like_f_setpipe_sz() {
+    with_mount("capacity_xattr", |f| {
+        let p = create(f, "big");
+        let attr = std::ffi::OsStr::from_bytes(tablix_fuse::CAPACITY_XATTR);
+        assert_eq!(xattr::get(&p, attr).unwrap().unwrap(), b"65536");
+        assert!(xattr::list(&p).unwrap().any(|n| n == attr));
+        xattr::set(&p, attr, b"131072").unwrap();
+        let (_r, _w) = ends(&p);
+        let mut wn = nonblocking(&p, true).unwrap();
+        assert_eq!(wn.write(&vec![1u8; 200_000]).unwrap(), 131_072);
+        assert_eq!(row(f, "big").0, 131_072);
+        // Not below what is buffered, not nonsense.
+        let err = |v: &[u8]| xattr::set(&p, attr, v).unwrap_err().raw_os_error();
+        assert_eq!(err(b"65536"), Some(libc::EBUSY));
+        assert_eq!(err(b"lots"), Some(libc::EINVAL));
+        assert_eq!(err(b"100"), Some(libc::EINVAL));
+        let other = std::ffi::OsStr::new("user.other");
+        assert_eq!(
+            xattr::set(&p, other, b"x").unwrap_err().raw_os_error(),
+            Some(libc::EOPNOTSUPP)
+        );
     });
 }
 
