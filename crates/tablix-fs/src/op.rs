@@ -121,7 +121,7 @@ pub enum FsOp {
 }
 
 /// The attributes of one inode, as `stat(2)` shows them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attr {
     pub ino: Ino,
     /// Type and permission bits, as `st_mode`.

@@ -55,20 +55,7 @@ pub fn file_attr(a: &Attr) -> FileAttr {
 
 /// The entry FUSE reads as "no such name": node 0.
 pub fn negative_entry() -> FileAttr {
-    file_attr(&Attr {
-        ino: 0,
-        mode: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        size: 0,
-        allocated: 0,
-        atime_ns: 0,
-        mtime_ns: 0,
-        ctime_ns: 0,
-        btime_ns: 0,
-    })
+    file_attr(&Attr::default())
 }
 
 #[cfg(test)]

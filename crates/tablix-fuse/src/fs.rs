@@ -52,7 +52,7 @@ const GENERATION: Generation = Generation(0);
 impl TablixFs {
     pub fn new(store: Arc<Store>, config: FsConfig, ended: Arc<AtomicBool>) -> TablixFs {
         TablixFs {
-            pipes: Pipes::new(Arc::clone(&store)),
+            pipes: Pipes::new(Arc::clone(&store), config.ttl),
             store,
             config,
             ended,
@@ -821,8 +821,7 @@ impl Filesystem for TablixFs {
     ) {
         if is_virtual(parent.0) {
             let who = (req.uid(), req.gid(), req.pid());
-            self.pipes
-                .create(parent.0, name, mode, flags, who, &self.config.ttl, reply);
+            self.pipes.create(parent.0, name, mode, flags, who, reply);
             return;
         }
         let mode = libc::S_IFREG | (mode & 0o7777);

@@ -24,7 +24,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fuser::{
     FileHandle, FopenFlags, PollEvents, PollFlags, PollNotifier, ReplyCreate, ReplyData, ReplyOpen,
@@ -61,13 +61,6 @@ pub(crate) fn is_virtual(ino: u64) -> bool {
 fn pipe_of(ino: u64) -> Option<i64> {
     ino.checked_sub(PIPE_INO_BASE)
         .and_then(|id| i64::try_from(id).ok())
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 fn nonblocking(flags: i32) -> bool {
@@ -138,6 +131,8 @@ struct Handle {
 
 pub(crate) struct Pipes {
     store: Arc<Store>,
+    /// How long the kernel may cache a pipe file's entry and attributes.
+    ttl: Duration,
     queues: Mutex<HashMap<i64, Arc<Mutex<Queues>>>>,
     handles: Mutex<HashMap<u64, Handle>>,
     next_handle: AtomicU64,
@@ -149,9 +144,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pipes {
-    pub(crate) fn new(store: Arc<Store>) -> Arc<Pipes> {
+    pub(crate) fn new(store: Arc<Store>, ttl: Duration) -> Arc<Pipes> {
         let pipes = Arc::new(Pipes {
             store,
+            ttl,
             queues: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
@@ -187,27 +183,35 @@ impl Pipes {
         }
     }
 
-    fn state(&self, pipe: i64) -> Result<PipeState, Errno> {
+    /// Runs tablix's own read on the memory database; no row is ENOENT.
+    fn query<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, Errno> {
         self.store
-            .read_volatile(|c| {
-                c.query_row(
-                    "SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1",
-                    [pipe],
-                    |r| {
-                        Ok(PipeState {
-                            buffered: r.get::<_, i64>(0)?.max(0) as u64,
-                            capacity: r.get::<_, i64>(1)?.max(0) as u64,
-                            readers: r.get(2)?,
-                            writers: r.get(3)?,
-                        })
-                    },
-                )
-            })
+            .read_volatile(f)
             .map_err(|e| store_errno(&e))?
             .map_err(|e| match e {
                 rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
                 e => Errno::of_sqlite(&e),
             })
+    }
+
+    fn state(&self, pipe: i64) -> Result<PipeState, Errno> {
+        self.query(|c| {
+            c.query_row(
+                "SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1",
+                [pipe],
+                |r| {
+                    Ok(PipeState {
+                        buffered: r.get::<_, i64>(0)?.max(0) as u64,
+                        capacity: r.get::<_, i64>(1)?.max(0) as u64,
+                        readers: r.get(2)?,
+                        writers: r.get(3)?,
+                    })
+                },
+            )
+        })
     }
 
     // ----- names and attributes -----
@@ -220,15 +224,7 @@ impl Pipes {
             ino,
             mode: libc::S_IFDIR | perm,
             nlink: 2,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            size: 0,
-            allocated: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            btime_ns: 0,
+            ..Attr::default()
         }
     }
 
@@ -244,41 +240,35 @@ impl Pipes {
     }
 
     fn pipe_attr(&self, pipe: i64) -> Result<Attr, Errno> {
-        self.store
-            .read_volatile(|c| {
-                c.query_row(
-                    "SELECT uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity
+        self.query(|c| {
+            c.query_row(
+                "SELECT uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity
                      FROM pipe WHERE id = ?1",
-                    [pipe],
-                    |r| {
-                        Ok(Attr {
-                            ino: PIPE_INO_BASE + pipe as u64,
-                            mode: libc::S_IFREG | (r.get::<_, u32>(2)? & 0o7777),
-                            nlink: u32::from(r.get::<_, bool>(3)?),
-                            uid: r.get(0)?,
-                            gid: r.get(1)?,
-                            rdev: 0,
-                            // A pipe file must look like a regular file to
-                            // reach this file system, and programs size
-                            // their buffers from a regular file's length
-                            // (GNU sort spills every line to a temporary
-                            // file at length 0). The capacity is the most a
-                            // pipe holds at once.
-                            size: r.get::<_, i64>(6)?.max(0) as u64,
-                            allocated: 0,
-                            atime_ns: r.get(5)?,
-                            mtime_ns: r.get(5)?,
-                            ctime_ns: r.get(5)?,
-                            btime_ns: r.get(4)?,
-                        })
-                    },
-                )
-            })
-            .map_err(|e| store_errno(&e))?
-            .map_err(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
-                e => Errno::of_sqlite(&e),
-            })
+                [pipe],
+                |r| {
+                    Ok(Attr {
+                        ino: PIPE_INO_BASE + pipe as u64,
+                        mode: libc::S_IFREG | (r.get::<_, u32>(2)? & 0o7777),
+                        nlink: u32::from(r.get::<_, bool>(3)?),
+                        uid: r.get(0)?,
+                        gid: r.get(1)?,
+                        rdev: 0,
+                        // A pipe file must look like a regular file to
+                        // reach this file system, and programs size
+                        // their buffers from a regular file's length
+                        // (GNU sort spills every line to a temporary
+                        // file at length 0). The capacity is the most a
+                        // pipe holds at once.
+                        size: r.get::<_, i64>(6)?.max(0) as u64,
+                        allocated: 0,
+                        atime_ns: r.get(5)?,
+                        mtime_ns: r.get(5)?,
+                        ctime_ns: r.get(5)?,
+                        btime_ns: r.get(4)?,
+                    })
+                },
+            )
+        })
     }
 
     /// Looks `name` up in a virtual directory.
@@ -291,14 +281,10 @@ impl Pipes {
                     return Err(Errno::ENAMETOOLONG);
                 }
                 let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
-                let id: Option<i64> = self
-                    .store
-                    .read_volatile(|c| {
-                        c.query_row("SELECT id FROM pipe WHERE name = ?1", [name], |r| r.get(0))
-                    })
-                    .map_err(|e| store_errno(&e))?
-                    .ok();
-                self.pipe_attr(id.ok_or(Errno::ENOENT)?)
+                let id = self.query(|c| {
+                    c.query_row("SELECT id FROM pipe WHERE name = ?1", [name], |r| r.get(0))
+                })?;
+                self.pipe_attr(id)
             }
             _ => Err(Errno::ENOTDIR),
         }
@@ -314,17 +300,12 @@ impl Pipes {
         match ino {
             CONTROL_INO => all.push((PIPES_INO, Self::dir_attr(PIPES_INO), PIPES_NAME.to_vec())),
             PIPES_INO => {
-                let named: Vec<(i64, String)> = self
-                    .store
-                    .read_volatile(|c| -> rusqlite::Result<Vec<(i64, String)>> {
-                        let mut stmt = c.prepare(
-                            "SELECT id, name FROM pipe WHERE name IS NOT NULL ORDER BY id",
-                        )?;
-                        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                        rows.collect()
-                    })
-                    .map_err(|e| store_errno(&e))?
-                    .map_err(|e| Errno::of_sqlite(&e))?;
+                let named: Vec<(i64, String)> = self.query(|c| {
+                    let mut stmt =
+                        c.prepare("SELECT id, name FROM pipe WHERE name IS NOT NULL ORDER BY id")?;
+                    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    rows.collect()
+                })?;
                 for (id, name) in named {
                     if let Ok(a) = self.pipe_attr(id) {
                         all.push((a.ino, a, name.into_bytes()));
@@ -349,7 +330,6 @@ impl Pipes {
         let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
         self.apply(PipeOp::Unlink {
             name: name.to_string(),
-            now_ns: now_ns(),
         })?;
         Ok(())
     }
@@ -391,7 +371,6 @@ impl Pipes {
             write,
             read,
             read_first,
-            now_ns: now_ns(),
         };
         match self.apply_to(q, op)? {
             PipeReply::Io { written, data, .. } => Ok((written, data)),
@@ -412,7 +391,6 @@ impl Pipes {
             handle,
             end,
             pid,
-            now_ns: now_ns(),
         };
         match self.apply_to(q, op)? {
             PipeReply::Ends { state, .. } => {
@@ -426,7 +404,6 @@ impl Pipes {
     /// Creates pipe `name` in the pipes directory and opens it, as
     /// `open(O_CREAT)` does. Never waits for the other end: this is how
     /// `tablix pipe create` and the pipe() of `tablix run` make pipes.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         &self,
         parent: u64,
@@ -434,7 +411,6 @@ impl Pipes {
         mode: u32,
         flags: i32,
         (uid, gid, pid): (u32, u32, u32),
-        ttl: &Duration,
         reply: ReplyCreate,
     ) {
         let r = (|| {
@@ -452,7 +428,6 @@ impl Pipes {
                 mode,
                 capacity: DEFAULT_CAPACITY,
                 exclusive: flags & libc::O_EXCL != 0,
-                now_ns: now_ns(),
             })? {
                 PipeReply::Created { pipe, .. } => pipe,
                 _ => return Err(Errno::EIO),
@@ -467,7 +442,7 @@ impl Pipes {
         })();
         match r {
             Ok((attr, handle)) => reply.created(
-                ttl,
+                &self.ttl,
                 &crate::attr::file_attr(&attr),
                 fuser::Generation(0),
                 FileHandle(handle),
@@ -539,10 +514,7 @@ impl Pipes {
 
     fn close_handle(&self, handle: u64, q: &mut Queues) -> Option<PipeReply> {
         lock(&self.handles).remove(&handle);
-        let op = PipeOp::Close {
-            handle,
-            now_ns: now_ns(),
-        };
+        let op = PipeOp::Close { handle };
         match self.apply_to(q, op) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -570,15 +542,19 @@ impl Pipes {
 
     // ----- reading and writing -----
 
-    pub(crate) fn read(&self, fh: u64, max: u32, flags: i32, pid: u32, reply: ReplyData) {
-        let Some(h) = lock(&self.handles).get(&fh).copied() else {
-            reply.error(to_fuser(Errno::EBADF));
-            return;
-        };
-        if !h.end.reads() {
-            reply.error(to_fuser(Errno::EBADF));
-            return;
+    /// The open handle `fh`, if it has the end `wanted` asks for.
+    fn handle(&self, fh: u64, wanted: fn(End) -> bool) -> Result<Handle, Errno> {
+        match lock(&self.handles).get(&fh) {
+            Some(h) if wanted(h.end) => Ok(*h),
+            _ => Err(Errno::EBADF),
         }
+    }
+
+    pub(crate) fn read(&self, fh: u64, max: u32, flags: i32, pid: u32, reply: ReplyData) {
+        let h = match self.handle(fh, End::reads) {
+            Ok(h) => h,
+            Err(e) => return reply.error(to_fuser(e)),
+        };
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
         let nonblock = nonblocking(flags);
@@ -617,14 +593,10 @@ impl Pipes {
     }
 
     pub(crate) fn write(&self, fh: u64, data: &[u8], flags: i32, pid: u32, reply: ReplyWrite) {
-        let Some(h) = lock(&self.handles).get(&fh).copied() else {
-            reply.error(to_fuser(Errno::EBADF));
-            return;
+        let h = match self.handle(fh, End::writes) {
+            Ok(h) => h,
+            Err(e) => return reply.error(to_fuser(e)),
         };
-        if !h.end.writes() {
-            reply.error(to_fuser(Errno::EBADF));
-            return;
-        }
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
         let nonblock = nonblocking(flags);
@@ -790,14 +762,7 @@ impl Pipes {
         }
         let q = self.queues(pipe);
         let mut q = lock(&q);
-        self.apply_to(
-            &mut q,
-            PipeOp::SetCapacity {
-                pipe,
-                capacity,
-                now_ns: now_ns(),
-            },
-        )?;
+        self.apply_to(&mut q, PipeOp::SetCapacity { pipe, capacity })?;
         // More room may let parked writers on.
         self.serve(pipe, &mut q);
         notify_polls(&mut q);
@@ -831,7 +796,7 @@ impl Pipes {
         events: PollEvents,
         flags: PollFlags,
     ) -> Result<PollEvents, Errno> {
-        let h = lock(&self.handles).get(&fh).copied().ok_or(Errno::EBADF)?;
+        let h = self.handle(fh, |_| true)?;
         let q = self.queues(h.pipe);
         let mut q = lock(&q);
         let s = self.cached_state(h.pipe, &mut q)?;

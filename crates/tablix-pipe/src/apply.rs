@@ -5,8 +5,9 @@ use rusqlite::{Connection, MAIN_DB, OptionalExtension, params};
 use crate::op::{End, PipeError, PipeOp, PipeReply, PipeState};
 use crate::schema::valid_name;
 
-/// Applies `op` inside the caller's transaction on the memory database.
-pub fn apply(conn: &Connection, op: &PipeOp) -> Result<PipeReply, PipeError> {
+/// Applies `op` inside the caller's transaction on the memory database, at
+/// `now_ns` (the Command's stamp).
+pub fn apply(conn: &Connection, now_ns: i64, op: &PipeOp) -> Result<PipeReply, PipeError> {
     match op {
         PipeOp::Create {
             name,
@@ -15,36 +16,29 @@ pub fn apply(conn: &Connection, op: &PipeOp) -> Result<PipeReply, PipeError> {
             mode,
             capacity,
             exclusive,
-            now_ns,
         } => create(
             conn,
             name,
             (*uid, *gid, *mode),
             *capacity,
             *exclusive,
-            *now_ns,
+            now_ns,
         ),
         PipeOp::Open {
             pipe,
             handle,
             end,
             pid,
-            now_ns,
-        } => open(conn, *pipe, *handle, *end, *pid, *now_ns),
-        PipeOp::Close { handle, now_ns } => close(conn, *handle, *now_ns),
+        } => open(conn, *pipe, *handle, *end, *pid, now_ns),
+        PipeOp::Close { handle } => close(conn, *handle, now_ns),
         PipeOp::Io {
             pipe,
             write: data,
             read: max,
             read_first,
-            now_ns,
-        } => io(conn, *pipe, data, *max, *read_first, *now_ns),
-        PipeOp::SetCapacity {
-            pipe,
-            capacity,
-            now_ns,
-        } => set_capacity(conn, *pipe, *capacity, *now_ns),
-        PipeOp::Unlink { name, now_ns } => unlink(conn, name, *now_ns),
+        } => io(conn, *pipe, data, *max, *read_first, now_ns),
+        PipeOp::SetCapacity { pipe, capacity } => set_capacity(conn, *pipe, *capacity, now_ns),
+        PipeOp::Unlink { name } => unlink(conn, name, now_ns),
     }
 }
 
@@ -404,9 +398,8 @@ mod tests {
             mode: 0o600,
             capacity,
             exclusive: true,
-            now_ns: 1,
         };
-        match apply(c, &op).unwrap() {
+        match apply(c, 1, &op).unwrap() {
             PipeReply::Created { pipe, .. } => pipe,
             r => panic!("{r:?}"),
         }
@@ -415,12 +408,12 @@ mod tests {
     fn open(c: &Connection, pipe: i64, handle: u64, end: End) {
         apply(
             c,
+            1,
             &PipeOp::Open {
                 pipe,
                 handle,
                 end,
                 pid: 1,
-                now_ns: 2,
             },
         )
         .unwrap();
@@ -432,9 +425,8 @@ mod tests {
             write: data.to_vec(),
             read: max,
             read_first,
-            now_ns: 3,
         };
-        apply(c, &op).unwrap()
+        apply(c, 1, &op).unwrap()
     }
 
     fn write(c: &Connection, pipe: i64, data: &[u8]) -> Result<usize, PipeError> {
@@ -443,9 +435,8 @@ mod tests {
             write: data.to_vec(),
             read: 0,
             read_first: false,
-            now_ns: 3,
         };
-        match apply(c, &op)? {
+        match apply(c, 1, &op)? {
             PipeReply::Io { written, .. } => Ok(written),
             r => panic!("{r:?}"),
         }
@@ -498,26 +489,22 @@ mod tests {
         assert_eq!(read(&c, p, 10_000).len(), 8192);
         // The capacity can change, but not below what is buffered.
         write(&c, p, &[1; 6000]).unwrap();
-        let resize = |capacity| PipeOp::SetCapacity {
-            pipe: p,
-            capacity,
-            now_ns: 4,
-        };
+        let resize = |capacity| PipeOp::SetCapacity { pipe: p, capacity };
         assert_eq!(
-            apply(&c, &resize(4096)),
+            apply(&c, 1, &resize(4096)),
             Err(PipeError::CapacityBelowBuffered {
                 capacity: 4096,
                 buffered: 6000
             })
         );
         assert_eq!(
-            apply(&c, &resize(100)),
+            apply(&c, 1, &resize(100)),
             Err(PipeError::InvalidCapacity(100))
         );
-        apply(&c, &resize(16384)).unwrap();
+        apply(&c, 1, &resize(16384)).unwrap();
         assert_eq!(write(&c, p, &[1; 20000]).unwrap(), 16384 - 6000);
         read(&c, p, 16384);
-        apply(&c, &resize(8192)).unwrap();
+        apply(&c, 1, &resize(8192)).unwrap();
         // One transaction can hand bytes over in either order: reading
         // first makes room for an atomic write that did not fit before.
         assert_eq!(write(&c, p, &[5; 8192]).unwrap(), 8192);
@@ -544,32 +531,10 @@ mod tests {
         open(&c, p, 1, End::Read);
         open(&c, p, 2, End::Write);
         write(&c, p, b"left over").unwrap();
-        apply(
-            &c,
-            &PipeOp::Close {
-                handle: 1,
-                now_ns: 5,
-            },
-        )
-        .unwrap();
+        apply(&c, 1, &PipeOp::Close { handle: 1 }).unwrap();
         assert_eq!(write(&c, p, b"x"), Err(PipeError::BrokenPipe));
-        apply(
-            &c,
-            &PipeOp::Unlink {
-                name: "p".into(),
-                now_ns: 6,
-            },
-        )
-        .unwrap();
-        match apply(
-            &c,
-            &PipeOp::Close {
-                handle: 2,
-                now_ns: 7,
-            },
-        )
-        .unwrap()
-        {
+        apply(&c, 1, &PipeOp::Unlink { name: "p".into() }).unwrap();
+        match apply(&c, 1, &PipeOp::Close { handle: 2 }).unwrap() {
             PipeReply::Ends { removed, .. } => assert!(removed),
             r => panic!("{r:?}"),
         }
@@ -596,19 +561,12 @@ mod tests {
                 mode: 0o600,
                 capacity: cap,
                 exclusive: true,
-                now_ns: 1,
             };
-            assert_eq!(apply(&c, &op), Err(want));
+            assert_eq!(apply(&c, 1, &op), Err(want));
         }
         let long = "x".repeat(256);
         assert!(matches!(
-            apply(
-                &c,
-                &PipeOp::Unlink {
-                    name: long,
-                    now_ns: 1
-                }
-            ),
+            apply(&c, 1, &PipeOp::Unlink { name: long }),
             Err(PipeError::NoSuchName(_))
         ));
     }

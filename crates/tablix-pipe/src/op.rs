@@ -29,7 +29,7 @@ impl End {
     }
 }
 
-/// One change to the pipe tables. `now_ns` is the proposer's clock.
+/// One change to the pipe tables (the time comes from the Command's stamp).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PipeOp {
     /// Creates the pipe `name` (or finds it, unless `exclusive`).
@@ -40,7 +40,6 @@ pub enum PipeOp {
         mode: u32,
         capacity: u32,
         exclusive: bool,
-        now_ns: i64,
     },
     /// Records that process `pid` opened `end` of `pipe` as `handle`.
     Open {
@@ -48,10 +47,9 @@ pub enum PipeOp {
         handle: u64,
         end: End,
         pid: u32,
-        now_ns: i64,
     },
     /// Closes `handle`; a pipe with no name and no open end is removed.
-    Close { handle: u64, now_ns: i64 },
+    Close { handle: u64 },
     /// Moves bytes through the pipe in one transaction: appends as much of
     /// `write` as fits (nothing unless all of it fits, for at most
     /// PIPE_BUF bytes) and consumes up to `read` bytes, reading first if
@@ -61,17 +59,12 @@ pub enum PipeOp {
         write: Vec<u8>,
         read: u32,
         read_first: bool,
-        now_ns: i64,
     },
     /// Sets how many bytes the pipe holds (as F_SETPIPE_SZ does); fails if
     /// more are buffered.
-    SetCapacity {
-        pipe: i64,
-        capacity: u32,
-        now_ns: i64,
-    },
+    SetCapacity { pipe: i64, capacity: u32 },
     /// Removes the name; the pipe lives on while ends are open.
-    Unlink { name: String, now_ns: i64 },
+    Unlink { name: String },
 }
 
 /// What a pipe operation did, and the pipe's state after it.

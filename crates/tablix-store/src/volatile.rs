@@ -115,7 +115,7 @@ fn apply_on(conn: &Connection, item: &Stamped) -> Result<Applied, StoreError> {
         Command::Pipe(op) => {
             let mut reply = None;
             let r = write_txn(conn, |c| {
-                let out = tablix_pipe::apply(c, op);
+                let out = tablix_pipe::apply(c, item.stamp.unix_nanos, op);
                 let failed = out.is_err();
                 reply = Some(out);
                 if failed {

@@ -524,6 +524,11 @@ unsafe extern "C" fn f_close(f: *mut ffi::sqlite3_file) -> c_int {
     ffi::SQLITE_OK
 }
 
+/// A read or write of `n` bytes at `off`, as indexes, if both are valid.
+fn span(n: c_int, off: i64) -> Option<(usize, usize)> {
+    Some((usize::try_from(n).ok()?, usize::try_from(off).ok()?))
+}
+
 unsafe extern "C" fn f_read(
     f: *mut ffi::sqlite3_file,
     buf: *mut c_void,
@@ -533,7 +538,7 @@ unsafe extern "C" fn f_read(
     // SAFETY: `f` is open; `buf` has `n` writable bytes.
     unsafe {
         let store = store_of(f);
-        let (Ok(n), Ok(off)) = (usize::try_from(n), usize::try_from(off)) else {
+        let Some((n, off)) = span(n, off) else {
             return ffi::SQLITE_IOERR_READ;
         };
         let out = std::slice::from_raw_parts_mut(buf.cast::<u8>(), n);
@@ -559,7 +564,7 @@ unsafe extern "C" fn f_write(
     // SAFETY: `f` is open; `buf` has `n` readable bytes.
     unsafe {
         let store = store_of(f);
-        let (Ok(n), Ok(off)) = (usize::try_from(n), usize::try_from(off)) else {
+        let Some((n, off)) = span(n, off) else {
             return ffi::SQLITE_IOERR_WRITE;
         };
         let src = std::slice::from_raw_parts(buf.cast::<u8>(), n);
