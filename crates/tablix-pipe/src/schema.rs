@@ -6,11 +6,14 @@ pub const DEFAULT_CAPACITY: u32 = 65_536;
 /// Longest pipe name, as a file name.
 pub const MAX_NAME: usize = 255;
 
+/// A pipe's id is its file's inode number (offset); AUTOINCREMENT keeps the
+/// kernel from meeting a new pipe under an inode number it may still cache.
+///
 /// Tables and views, unqualified: they are created on a connection that
 /// has the memory database as `main`, and read as `mem.*` elsewhere.
 pub const SCHEMA: &str = "
 CREATE TABLE pipe(
-    id         INTEGER PRIMARY KEY,
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
     name       TEXT UNIQUE,
     uid        INTEGER NOT NULL,
     gid        INTEGER NOT NULL,

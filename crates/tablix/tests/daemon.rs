@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -885,6 +886,9 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
         out.contains("/.tablix/pipes/anon-") && out.contains("fifo"),
         "{out} {err}"
     );
+    // The kernel releases closed ends asynchronously: let the pipes of
+    // the pipelines above go first.
+    wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
     // While a pipeline runs, its pipe is a row joined with the processes
     // holding its ends; afterwards nothing is left.
     let mut running = Command::new(BIN)
@@ -895,8 +899,10 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
             "--",
             "sh",
             "-c",
-            "sleep 2 | sleep 2",
+            "sleep 60 | sleep 60",
         ])
+        // Its own process group, so that the whole pipeline can be stopped.
+        .process_group(0)
         .spawn()
         .unwrap();
     let held = wait_rows(
@@ -915,7 +921,8 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
         held[0][3], "sh",
         "the shell that called pipe() holds both ends"
     );
-    assert!(running.wait().unwrap().success());
+    kill(Pid::from_raw(-(running.id() as i32)), Signal::SIGTERM).unwrap();
+    running.wait().unwrap();
     wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
     d.stop();
 }
