@@ -270,7 +270,8 @@ impl<W: Write> Shell<W> {
                     "SELECT name FROM main.sqlite_schema WHERE type IN ('table', 'view') \
                      AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name LIKE {like} \
                      UNION ALL SELECT 'mem.' || name FROM mem.sqlite_schema \
-                     WHERE type IN ('table', 'view') AND name LIKE {like} ORDER BY 1"
+                     WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
+                     AND name LIKE {like} ORDER BY 1"
                 ))?;
                 let names: Vec<String> = names.iter().map(|r| crate::format::text(&r[0])).collect();
                 if !names.is_empty() {
