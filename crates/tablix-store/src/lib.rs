@@ -38,5 +38,5 @@ pub use error::StoreError;
 pub use outcome::{Applied, Rows, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
-pub use stats::StoreStats;
+pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Store, Ticket};

@@ -30,6 +30,7 @@ impl Counters {
             failed_commits: get(&self.failed_commits),
             flushes: get(&self.flushes),
             reads: get(&self.reads),
+            memory_locks: MemoryLockStats::default(),
         }
     }
 }
@@ -51,4 +52,46 @@ pub struct StoreStats {
     pub flushes: u64,
     /// Read transactions run on the reader pool.
     pub reads: u64,
+    /// Lock waits on the memory database (its blocking VFS).
+    pub memory_locks: MemoryLockStats,
+}
+
+/// How long connections of the memory database waited for its locks
+/// (microseconds), and how often.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryLockStats {
+    /// Readers that waited for a writer to finish.
+    pub shared_waits: u64,
+    pub shared_wait_us: u64,
+    pub shared_wait_max_us: u64,
+    /// Writers that waited for readers to finish (PENDING).
+    pub exclusive_waits: u64,
+    pub exclusive_wait_us: u64,
+    pub exclusive_wait_max_us: u64,
+    /// Writers that waited for the write-intent gate.
+    pub gate_waits: u64,
+    pub gate_wait_us: u64,
+    pub gate_wait_max_us: u64,
+    /// Write transactions.
+    pub write_transactions: u64,
+    /// SQLITE_BUSY returned (a write without the gate); stays 0.
+    pub busy: u64,
+}
+
+impl From<tablix_vfs::MemLockStats> for MemoryLockStats {
+    fn from(s: tablix_vfs::MemLockStats) -> MemoryLockStats {
+        MemoryLockStats {
+            shared_waits: s.shared_waits,
+            shared_wait_us: s.shared_wait_ns / 1000,
+            shared_wait_max_us: s.shared_wait_max_ns / 1000,
+            exclusive_waits: s.exclusive_waits,
+            exclusive_wait_us: s.exclusive_wait_ns / 1000,
+            exclusive_wait_max_us: s.exclusive_wait_max_ns / 1000,
+            gate_waits: s.gate_waits,
+            gate_wait_us: s.gate_wait_ns / 1000,
+            gate_wait_max_us: s.gate_wait_max_ns / 1000,
+            write_transactions: s.transactions,
+            busy: s.busy,
+        }
+    }
 }

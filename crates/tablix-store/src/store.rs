@@ -229,7 +229,10 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.counters.snapshot()
+        StoreStats {
+            memory_locks: self.volatile.lock_stats().into(),
+            ..self.counters.snapshot()
+        }
     }
 
     /// Stops accepting Commands, lets the writer finish every queued one,

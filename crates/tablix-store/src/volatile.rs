@@ -17,6 +17,8 @@ use crate::outcome::Applied;
 use crate::schema::MEMORY_SCHEMA;
 
 pub(crate) struct Volatile {
+    /// The database's name in the memory VFS.
+    name: String,
     uri: String,
     /// The connection Commands are applied on. One is enough (the write
     /// gate admits one write transaction at a time anyway), and keeping
@@ -40,10 +42,16 @@ impl Volatile {
         })
         .map_err(StoreError::from)?;
         Ok(Volatile {
+            name: name.to_string(),
             uri,
             writer: Mutex::new(writer),
             idle: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Lock waits so far.
+    pub(crate) fn lock_stats(&self) -> tablix_vfs::MemLockStats {
+        tablix_vfs::mem_lock_stats(&self.name).unwrap_or_default()
     }
 
     /// The URI other connections attach as `mem`.
