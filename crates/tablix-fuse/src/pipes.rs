@@ -630,10 +630,15 @@ impl Pipes {
         // A reader waiting on the empty pipe takes the bytes out in the
         // same transaction that puts them in.
         let want = q.readers.front().map_or(0, |r| r.max);
-        let bytes = std::mem::take(&mut parked.data);
-        let r = self.io(h.pipe, &mut q, bytes.clone(), want, false);
-        parked.data = bytes;
-        match r {
+        // The bytes go into the Command; a copy is kept only if some may
+        // not fit and have to wait.
+        let len = parked.data.len();
+        let bytes = if state.writable(len) < len {
+            parked.data.clone()
+        } else {
+            std::mem::take(&mut parked.data)
+        };
+        match self.io(h.pipe, &mut q, bytes, want, false) {
             Ok((written, out)) => {
                 if !out.is_empty()
                     && let Some(r) = q.readers.pop_front()
@@ -641,7 +646,7 @@ impl Pipes {
                     r.reply.data(&out);
                 }
                 parked.done = written;
-                if written == parked.data.len() || nonblock {
+                if written == len || nonblock {
                     parked.reply.written(written as u32);
                 } else {
                     q.writers.push_back(parked);

@@ -294,7 +294,11 @@ fn read(
             let whole: Vec<u8> = conn
                 .prepare_cached("SELECT data FROM pipe_data WHERE seq = ?1")?
                 .query_row([seq], |r| r.get(0))?;
-            data.extend_from_slice(&whole);
+            if data.is_empty() {
+                data = whole;
+            } else {
+                data.extend_from_slice(&whole);
+            }
         } else {
             // Part of a chunk: read only those bytes, so that consuming a
             // large chunk in small reads stays linear.
