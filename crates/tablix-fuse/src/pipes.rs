@@ -832,9 +832,11 @@ impl Pipes {
         Ok(wanted)
     }
 
-    /// Answers every parked caller that has a signal pending or is gone.
-    fn interrupt_signalled(&self) {
+    /// Answers every parked caller that has a signal pending or is gone;
+    /// returns how many callers stay parked.
+    fn interrupt_signalled(&self) -> usize {
         let all: Vec<Arc<Mutex<Queues>>> = lock(&self.queues).values().cloned().collect();
+        let mut parked = 0;
         for q in all {
             let mut q = lock(&q);
             if q.is_idle() {
@@ -876,7 +878,9 @@ impl Pipes {
                     i += 1;
                 }
             }
+            parked += q.readers.len() + q.writers.len() + q.opens.len();
         }
+        parked
     }
 }
 
@@ -937,15 +941,21 @@ fn interrupted(tid: u32) -> bool {
     pending & !mask("SigBlk:") & !JOB_CONTROL != 0
 }
 
+/// Parked callers checked per SIGNAL_SCAN; with more, the scan slows down
+/// in proportion, so that idle blocked readers cost little.
+const SCAN_BATCH: usize = 64;
+
 fn watch_signals(pipes: Weak<Pipes>) {
+    let mut parked = 0;
     loop {
-        std::thread::sleep(SIGNAL_SCAN);
+        let rounds = 1 + parked / SCAN_BATCH;
+        std::thread::sleep(SIGNAL_SCAN * u32::try_from(rounds).unwrap_or(u32::MAX));
         let Some(p) = pipes.upgrade() else {
             return;
         };
         if p.stopped.load(Ordering::Acquire) {
             return;
         }
-        p.interrupt_signalled();
+        parked = p.interrupt_signalled();
     }
 }

@@ -1,6 +1,6 @@
 //! `tablix run -- CMD ARGS...`: the command's pipes go through the database.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,9 +47,19 @@ fn install_preload() -> anyhow::Result<PathBuf> {
     if std::fs::read(&path).is_ok_and(|have| have == PRELOAD) {
         return Ok(path);
     }
+    // A fresh file (never through a link someone left in a shared
+    // directory), renamed into place.
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, PRELOAD).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::io::Write::write_all(&mut file, PRELOAD)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(file);
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
