@@ -15,6 +15,12 @@
  * is wrapped too: a tablix pipe (an inode of the pipes range on the
  * mount's device) is reported as a FIFO of length 0, as Linux reports a
  * pipe.
+ *
+ * A blocked call on a tablix pipe that a signal interrupts comes back with
+ * EINTR even under SA_RESTART (a FUSE file system cannot ask the kernel to
+ * restart a call). read, write, readv and writev are wrapped to restart
+ * such a call themselves when every installed handler asks for restarts,
+ * which is what the kernel would have done for whichever signal it was.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -25,7 +31,9 @@
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -234,4 +242,90 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
         }
     }
     return rc;
+}
+
+/* Whether every caught signal's handler has SA_RESTART. */
+static int handlers_restart(void)
+{
+    for (int sig = 1; sig < NSIG; sig++) {
+        struct sigaction sa;
+        if (sig == SIGKILL || sig == SIGSTOP || sigaction(sig, NULL, &sa) != 0)
+            continue;
+        if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+            continue;
+        if (!(sa.sa_flags & SA_RESTART))
+            return 0;
+    }
+    return 1;
+}
+
+/* After EINTR on `fd`: whether the call is to be made again. Keeps errno. */
+static int restart(int fd)
+{
+    int saved = errno;
+    struct stat st;
+    int again = saved == EINTR && real_fstatat(fd, "", &st, AT_EMPTY_PATH) == 0 &&
+                is_pipe(st.st_dev, st.st_ino, st.st_mode) && handlers_restart();
+    errno = saved;
+    return again;
+}
+
+typedef ssize_t (*read_fn)(int, void *, size_t);
+typedef ssize_t (*write_fn)(int, const void *, size_t);
+typedef ssize_t (*iov_fn)(int, const struct iovec *, int);
+
+/* Looks up the C library's `name` once. */
+#define NEXT(name, type)                                                                           \
+    static type real_##name;                                                                       \
+    if (!real_##name)                                                                              \
+        real_##name = (type)dlsym(RTLD_NEXT, #name);                                               \
+    if (!real_##name) {                                                                            \
+        errno = ENOSYS;                                                                            \
+        return -1;                                                                                 \
+    }
+
+ssize_t read(int fd, void *buf, size_t n)
+{
+    NEXT(read, read_fn)
+    ssize_t r;
+    do
+        r = real_read(fd, buf, n);
+    while (r < 0 && restart(fd));
+    return r;
+}
+
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+    (void)buflen;
+    return read(fd, buf, n);
+}
+
+ssize_t write(int fd, const void *buf, size_t n)
+{
+    NEXT(write, write_fn)
+    ssize_t r;
+    do
+        r = real_write(fd, buf, n);
+    while (r < 0 && restart(fd));
+    return r;
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+    NEXT(readv, iov_fn)
+    ssize_t r;
+    do
+        r = real_readv(fd, iov, n);
+    while (r < 0 && restart(fd));
+    return r;
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    NEXT(writev, iov_fn)
+    ssize_t r;
+    do
+        r = real_writev(fd, iov, n);
+    while (r < 0 && restart(fd));
+    return r;
 }

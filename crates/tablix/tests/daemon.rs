@@ -1227,3 +1227,42 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
         );
     }
 }
+
+#[test]
+fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
+    if !fuse_or_skip("sa_restart") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = tmp.path().join("sa_restart");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sa_restart.c");
+    let cc = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    std::fs::create_dir(&mnt).unwrap();
+    let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
+    for (arg, want) in [
+        ("restart", "read x after 1 alarm(s)"),
+        ("norestart", "EINTR after 1 alarm(s)"),
+    ] {
+        let native = Command::new(&prog).arg(arg).output().unwrap();
+        assert_eq!(text(&native).0.trim(), want, "kernel pipe, {arg}");
+        let got = tablix_run(&data, &[prog.to_str().unwrap(), arg]);
+        assert_eq!(
+            text(&got).0.trim(),
+            want,
+            "tablix pipe, {arg}: {:?}",
+            text(&got)
+        );
+    }
+    d.stop();
+}
