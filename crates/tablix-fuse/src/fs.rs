@@ -638,35 +638,19 @@ impl Filesystem for TablixFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        if is_virtual(ino.0) {
-            match self.pipes.readdir(ino.0, offset) {
-                Ok(entries) => {
-                    for (ino, next, attr, name) in entries {
-                        if reply.add(
-                            INodeNo(ino),
-                            next,
-                            kind_of(attr.mode),
-                            OsStr::from_bytes(&name),
-                        ) {
-                            break;
-                        }
-                    }
-                    reply.ok();
-                }
-                Err(e) => reply.error(to_fuser(e)),
-            }
-            return;
-        }
-        let r = self.read(|c| {
-            read::readdir(c, ino.0, offset, |e| {
-                !reply.add(
-                    INodeNo(e.attr.ino),
-                    e.next,
-                    kind_of(e.attr.mode),
-                    OsStr::from_bytes(&e.name),
-                )
-            })
-        });
+        let emit = |e: read::DirEntry| {
+            !reply.add(
+                INodeNo(e.attr.ino),
+                e.next,
+                kind_of(e.attr.mode),
+                OsStr::from_bytes(&e.name),
+            )
+        };
+        let r = if is_virtual(ino.0) {
+            self.pipes.readdir(ino.0, offset, emit)
+        } else {
+            self.read(|c| read::readdir(c, ino.0, offset, emit))
+        };
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(to_fuser(e)),
@@ -682,40 +666,21 @@ impl Filesystem for TablixFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.config.ttl;
-        if is_virtual(ino.0) {
-            match self.pipes.readdir(ino.0, offset) {
-                Ok(entries) => {
-                    for (ino, next, attr, name) in entries {
-                        let added = reply.add(
-                            INodeNo(ino),
-                            next,
-                            OsStr::from_bytes(&name),
-                            &ttl,
-                            &file_attr(&attr),
-                            GENERATION,
-                        );
-                        if added {
-                            break;
-                        }
-                    }
-                    reply.ok();
-                }
-                Err(e) => reply.error(to_fuser(e)),
-            }
-            return;
-        }
-        let r = self.read(|c| {
-            read::readdir(c, ino.0, offset, |e| {
-                !reply.add(
-                    INodeNo(e.attr.ino),
-                    e.next,
-                    OsStr::from_bytes(&e.name),
-                    &ttl,
-                    &file_attr(&e.attr),
-                    GENERATION,
-                )
-            })
-        });
+        let emit = |e: read::DirEntry| {
+            !reply.add(
+                INodeNo(e.attr.ino),
+                e.next,
+                OsStr::from_bytes(&e.name),
+                &ttl,
+                &file_attr(&e.attr),
+                GENERATION,
+            )
+        };
+        let r = if is_virtual(ino.0) {
+            self.pipes.readdir(ino.0, offset, emit)
+        } else {
+            self.read(|c| read::readdir(c, ino.0, offset, emit))
+        };
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(to_fuser(e)),

@@ -30,6 +30,7 @@ use fuser::{
     FileHandle, FopenFlags, PollEvents, PollFlags, PollNotifier, ReplyCreate, ReplyData, ReplyOpen,
     ReplyWrite,
 };
+use tablix_fs::read::DirEntry;
 use tablix_fs::{Attr, Errno};
 use tablix_pipe::schema::DEFAULT_CAPACITY;
 use tablix_pipe::{End, PipeOp, PipeReply, PipeState};
@@ -120,9 +121,6 @@ impl Queues {
     }
 }
 
-/// A listing entry: inode, offset of the next entry, attributes, name.
-pub(crate) type DirEntry = (u64, u64, Attr, Vec<u8>);
-
 #[derive(Clone, Copy)]
 struct Handle {
     pipe: i64,
@@ -198,20 +196,10 @@ impl Pipes {
     }
 
     fn state(&self, pipe: i64) -> Result<PipeState, Errno> {
-        self.query(|c| {
-            c.query_row(
-                "SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1",
-                [pipe],
-                |r| {
-                    Ok(PipeState {
-                        buffered: r.get::<_, i64>(0)?.max(0) as u64,
-                        capacity: r.get::<_, i64>(1)?.max(0) as u64,
-                        readers: r.get(2)?,
-                        writers: r.get(3)?,
-                    })
-                },
-            )
-        })
+        self.store
+            .read_volatile(|c| tablix_pipe::state(c, pipe))
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| pipe_errno(&e))
     }
 
     // ----- names and attributes -----
@@ -240,35 +228,8 @@ impl Pipes {
     }
 
     fn pipe_attr(&self, pipe: i64) -> Result<Attr, Errno> {
-        self.query(|c| {
-            c.query_row(
-                "SELECT uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity
-                     FROM pipe WHERE id = ?1",
-                [pipe],
-                |r| {
-                    Ok(Attr {
-                        ino: PIPE_INO_BASE + pipe as u64,
-                        mode: libc::S_IFREG | (r.get::<_, u32>(2)? & 0o7777),
-                        nlink: u32::from(r.get::<_, bool>(3)?),
-                        uid: r.get(0)?,
-                        gid: r.get(1)?,
-                        rdev: 0,
-                        // A pipe file must look like a regular file to
-                        // reach this file system, and programs size
-                        // their buffers from a regular file's length
-                        // (GNU sort spills every line to a temporary
-                        // file at length 0). The capacity is the most a
-                        // pipe holds at once.
-                        size: r.get::<_, i64>(6)?.max(0) as u64,
-                        allocated: 0,
-                        atime_ns: r.get(5)?,
-                        mtime_ns: r.get(5)?,
-                        ctime_ns: r.get(5)?,
-                        btime_ns: r.get(4)?,
-                    })
-                },
-            )
-        })
+        let sql = format!("{PIPE_ATTR} WHERE id = ?1");
+        self.query(|c| c.prepare_cached(&sql)?.query_row([pipe], attr_of_row))
     }
 
     /// Looks `name` up in a virtual directory.
@@ -281,45 +242,46 @@ impl Pipes {
                     return Err(Errno::ENAMETOOLONG);
                 }
                 let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
-                let id = self.query(|c| {
-                    c.query_row("SELECT id FROM pipe WHERE name = ?1", [name], |r| r.get(0))
-                })?;
-                self.pipe_attr(id)
+                let sql = format!("{PIPE_ATTR} WHERE name = ?1");
+                self.query(|c| c.prepare_cached(&sql)?.query_row([name], attr_of_row))
             }
             _ => Err(Errno::ENOTDIR),
         }
     }
 
-    /// Entries of a virtual directory after `offset`, as (ino, next offset,
-    /// attributes, name).
-    pub(crate) fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>, Errno> {
+    /// Lists a virtual directory from `offset`, handing each entry to
+    /// `emit` until it returns false, as `tablix_fs::read::readdir` does.
+    pub(crate) fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut emit: impl FnMut(DirEntry) -> bool,
+    ) -> Result<(), Errno> {
         let mut all = vec![
-            (ino, Self::dir_attr(ino), b".".to_vec()),
-            (ino, Self::dir_attr(ino), b"..".to_vec()),
+            (Self::dir_attr(ino), b".".to_vec()),
+            (Self::dir_attr(ino), b"..".to_vec()),
         ];
         match ino {
-            CONTROL_INO => all.push((PIPES_INO, Self::dir_attr(PIPES_INO), PIPES_NAME.to_vec())),
+            CONTROL_INO => all.push((Self::dir_attr(PIPES_INO), PIPES_NAME.to_vec())),
             PIPES_INO => {
-                let named: Vec<(i64, String)> = self.query(|c| {
-                    let mut stmt =
-                        c.prepare("SELECT id, name FROM pipe WHERE name IS NOT NULL ORDER BY id")?;
-                    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                let sql = format!("{PIPE_ATTR} WHERE name IS NOT NULL ORDER BY id");
+                let named: Vec<(Attr, String)> = self.query(|c| {
+                    let mut stmt = c.prepare(&sql)?;
+                    let rows = stmt.query_map([], |r| Ok((attr_of_row(r)?, r.get(8)?)))?;
                     rows.collect()
                 })?;
-                for (id, name) in named {
-                    if let Ok(a) = self.pipe_attr(id) {
-                        all.push((a.ino, a, name.into_bytes()));
-                    }
-                }
+                all.extend(named.into_iter().map(|(a, n)| (a, n.into_bytes())));
             }
             _ => return Err(Errno::ENOTDIR),
         }
-        Ok(all
-            .into_iter()
-            .enumerate()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
-            .map(|(i, (ino, a, name))| (ino, i as u64 + 1, a, name))
-            .collect())
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, (attr, name)) in all.into_iter().enumerate().skip(skip) {
+            let next = i as u64 + 1;
+            if !emit(DirEntry { name, attr, next }) {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// `rm MOUNT/.tablix/pipes/NAME`.
@@ -882,6 +844,31 @@ impl Pipes {
         }
         parked
     }
+}
+
+/// A pipe file's attributes: `attr_of_row` reads these columns.
+const PIPE_ATTR: &str =
+    "SELECT id, uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity, name FROM pipe";
+
+fn attr_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Attr> {
+    let changed: i64 = r.get(6)?;
+    Ok(Attr {
+        ino: PIPE_INO_BASE + r.get::<_, i64>(0)?.max(0) as u64,
+        mode: libc::S_IFREG | (r.get::<_, u32>(3)? & 0o7777),
+        nlink: u32::from(r.get::<_, bool>(4)?),
+        uid: r.get(1)?,
+        gid: r.get(2)?,
+        // A pipe file must look like a regular file to reach this file
+        // system, and programs size their buffers from a regular file's
+        // length (GNU sort spills every line to a temporary file at length
+        // 0). The capacity is the most a pipe holds at once.
+        size: r.get::<_, i64>(7)?.max(0) as u64,
+        atime_ns: changed,
+        mtime_ns: changed,
+        ctime_ns: changed,
+        btime_ns: r.get(5)?,
+        ..Attr::default()
+    })
 }
 
 fn notify_polls(q: &mut Queues) {

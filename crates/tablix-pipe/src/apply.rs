@@ -80,7 +80,8 @@ fn create(
     })
 }
 
-fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
+/// The counts of `pipe`, read on any connection to the memory database.
+pub fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
     conn.prepare_cached("SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1")?
         .query_row([pipe], |r| {
             Ok(PipeState {

@@ -17,5 +17,5 @@ mod apply;
 mod op;
 pub mod schema;
 
-pub use apply::apply;
+pub use apply::{apply, state};
 pub use op::{End, PIPE_BUF, PipeError, PipeOp, PipeReply, PipeState};
