@@ -603,15 +603,18 @@ fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<
         let piece = &data[from..from + (span.hi - span.lo)];
         let key = block_key(ino, span.index);
         let stored = block_len(conn, key)?;
-        if span.lo == 0 && span.hi as u64 == BLOCK_SIZE {
-            delta += BLOCK_SIZE as i64 - stored as i64;
-            store_block(conn, key, piece)?;
-        } else if span.hi as u64 <= stored {
-            // Inside the stored bytes: patch them in place, so only the
-            // pages the write touches change (a 4 KiB database page written
-            // into a 64 KiB block dirties one page, not the whole row).
+        if span.hi as u64 <= stored {
+            // Inside the stored bytes (a whole block over a whole block
+            // too): patch them in place, so only the pages the write
+            // touches change (a 4 KiB database page written into a 64 KiB
+            // block dirties one page, not the whole row) and a rewritten
+            // file keeps its pages where they were instead of freeing them
+            // and allocating others from the freelist, scattered.
             let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
             blob.write_all_at(piece, span.lo).map_err(|_| Errno::EIO)?;
+        } else if span.lo == 0 && span.hi as u64 == BLOCK_SIZE {
+            delta += BLOCK_SIZE as i64 - stored as i64;
+            store_block(conn, key, piece)?;
         } else {
             let mut block = load_block(conn, key)?.unwrap_or_default();
             block.resize(span.hi, 0);

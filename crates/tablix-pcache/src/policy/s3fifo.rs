@@ -6,11 +6,15 @@
 //! since their last pass (freq > 0) another round with freq - 1. One-time
 //! pages of a scan never reach main, so a scan cannot flush the hot set.
 //!
-//! Pinned pages stay in their FIFO; eviction rotates past them.
+//! Pinned pages stay in their FIFO; eviction rotates past them, and skips
+//! a FIFO that holds no unpinned page at all, so a cache whose pages are
+//! mostly pinned (a large write transaction's dirty pages) does not scan
+//! them on every allocation.
 //!
 //! Invariants: every live page is in exactly one of `small` (queue 1) and
-//! `main` (queue 2), pinned or not; `freq <= 3`; the ghost holds at most
-//! `capacity / 4` keys, none of them resident.
+//! `main` (queue 2), pinned or not; `unpinned[q]` counts the unpinned pages
+//! of queue `q`; `freq <= 3`; the ghost holds at most `capacity / 4` keys,
+//! none of them resident.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -33,6 +37,8 @@ const GHOST_SHARE: usize = 4;
 pub struct S3Fifo {
     small: List,
     main: List,
+    /// Unpinned pages per queue, indexed by `SMALL` and `MAIN`.
+    unpinned: [u32; 3],
     ghost: Ghost,
 }
 
@@ -95,13 +101,18 @@ impl Evict for S3Fifo {
 
     fn touch(&mut self, slots: &mut [Slot], i: u32) {
         let s = &mut slots[i as usize];
+        if !s.pinned {
+            self.unpinned[s.queue as usize] -= 1;
+        }
         if s.freq < MAX_FREQ {
             s.freq += 1;
         }
     }
 
     #[inline]
-    fn unpin(&mut self, _slots: &mut [Slot], _i: u32) {}
+    fn unpin(&mut self, slots: &mut [Slot], i: u32) {
+        self.unpinned[slots[i as usize].queue as usize] += 1;
+    }
 
     #[inline]
     fn rekey(&mut self, _slots: &mut [Slot], _i: u32, new_key: u32) {
@@ -111,23 +122,22 @@ impl Evict for S3Fifo {
     #[inline]
     fn remove(&mut self, slots: &mut [Slot], i: u32) {
         let q = slots[i as usize].queue;
+        if !slots[i as usize].pinned {
+            self.unpinned[q as usize] -= 1;
+        }
         self.list(q).unlink(slots, i);
     }
 
     #[inline]
     fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
         let small_target = (capacity / 10).max(1) as u32;
-        // Pinned pages passed over in each FIFO since it last made progress.
-        // A FIFO whose count reaches its length holds only pinned pages.
-        let mut small_pinned = 0u32;
-        let mut main_pinned = 0u32;
         // Hard bound: every step either finds the victim, moves a page to
         // main, lowers a freq (at most 3 per page) or passes a pinned page.
         let mut budget = 8 * (self.small.len + self.main.len) as usize + 16;
         while budget > 0 {
             budget -= 1;
-            let small_open = small_pinned < self.small.len;
-            let main_open = main_pinned < self.main.len;
+            let small_open = self.unpinned[SMALL as usize] > 0;
+            let main_open = self.unpinned[MAIN as usize] > 0;
             if !small_open && !main_open {
                 return None;
             }
@@ -136,13 +146,14 @@ impl Evict for S3Fifo {
                 let s = &mut slots[t as usize];
                 if s.pinned {
                     self.small.push_back(slots, t);
-                    small_pinned += 1;
                 } else if s.freq > 0 {
                     s.freq = 0;
                     s.queue = MAIN;
                     self.main.push_back(slots, t);
-                    main_pinned = 0;
+                    self.unpinned[SMALL as usize] -= 1;
+                    self.unpinned[MAIN as usize] += 1;
                 } else {
+                    self.unpinned[SMALL as usize] -= 1;
                     self.ghost.insert(s.key, (capacity / GHOST_SHARE).max(1));
                     return Some(t);
                 }
@@ -151,12 +162,11 @@ impl Evict for S3Fifo {
                 let s = &mut slots[t as usize];
                 if s.pinned {
                     self.main.push_back(slots, t);
-                    main_pinned += 1;
                 } else if s.freq > 0 {
                     s.freq -= 1;
                     self.main.push_back(slots, t);
-                    main_pinned = 0;
                 } else {
+                    self.unpinned[MAIN as usize] -= 1;
                     return Some(t);
                 }
             }
@@ -177,6 +187,16 @@ impl Evict for S3Fifo {
         let live: Vec<u32> = (0..slots.len() as u32)
             .filter(|&i| slots[i as usize].live)
             .collect();
+        for (q, members) in [(SMALL, &small), (MAIN, &main)] {
+            let unpinned = members
+                .iter()
+                .filter(|&&i| !slots[i as usize].pinned)
+                .count();
+            assert_eq!(
+                self.unpinned[q as usize] as usize, unpinned,
+                "unpinned count of queue {q}"
+            );
+        }
         let mut both = small;
         both.extend(main);
         assert_eq!(sorted(both), live);

@@ -53,6 +53,11 @@ impl Daemon {
         })
     }
 
+    /// The daemon's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the daemon (SIGTERM) and checks that it exited cleanly.
     pub(crate) fn stop(mut self) -> anyhow::Result<()> {
         nix::sys::signal::kill(

@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 
 use crate::bench::Rng;
 use crate::bench::daemon::Daemon;
+use crate::bench::transport;
 use crate::cli::FsBenchArgs;
 
 /// Where a workload runs: plain ext4, or a tablix mount served by a daemon.
@@ -199,6 +200,8 @@ struct Results {
     bonnie: Vec<((u64, bool), [f64; 4])>,
     postmark: Option<f64>,
     meta: Option<[f64; 4]>,
+    /// The FUSE transport's cost on this target's daemon.
+    transport: Option<transport::RoundTrip>,
 }
 
 fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Results> {
@@ -208,6 +211,7 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
         bonnie: Vec::new(),
         postmark: None,
         meta: None,
+        transport: None,
     };
     if wants("bonnie") {
         for &(mb, durable) in &t.bonnie_runs {
@@ -229,6 +233,10 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
         drop_caches();
         eprintln!("  {}: untar/find/du/rm", t.label);
         r.meta = Some(metadata(&t.dir, tar)?);
+    }
+    if let Some(d) = &t.daemon {
+        eprintln!("  {}: FUSE round trip", t.label);
+        r.transport = Some(transport::probe(d.pid(), &d.mount, 5000, 3)?);
     }
     Ok(r)
 }
@@ -371,6 +379,12 @@ fn report(all: &[Results], a: &FsBenchArgs) {
                 }
             }
             println!("{line}");
+        }
+    }
+    for o in others {
+        if let Some(t) = &o.transport {
+            print!("\n{}: ", o.label);
+            t.print();
         }
     }
 }

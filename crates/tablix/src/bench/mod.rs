@@ -8,6 +8,7 @@ mod insert;
 mod pcache;
 mod pipe;
 mod speed;
+mod transport;
 
 use std::process::ExitCode;
 

@@ -23,6 +23,7 @@ use anyhow::{Context, bail};
 
 use crate::bench::daemon::Daemon;
 use crate::bench::median;
+use crate::bench::transport;
 use crate::cli::PipeBenchArgs;
 
 /// Makes a pipe: (read end, write end).
@@ -247,6 +248,8 @@ fn measure(args: &PipeBenchArgs, daemon: &Daemon) -> anyhow::Result<()> {
     }
     let (tx_after, bytes_after) = pipe_counters(&daemon.http)?;
     drop((r, w));
+    // A one-byte round trip is four FUSE requests (two writes, two reads).
+    let transport = transport::probe(daemon.pid(), &daemon.mount, 5000, args.repeat as usize)?;
     println!();
     println!(
         "{:<20} {:>14} {:>14} {:>7}   {:>12} {:>12} {:>7}",
@@ -268,6 +271,12 @@ fn measure(args: &PipeBenchArgs, daemon: &Daemon) -> anyhow::Result<()> {
         "through the database: {} bytes in {} transactions on a probe of {probe} bytes",
         bytes_after - bytes_before,
         tx_after - tx_before
+    );
+    transport.print();
+    println!(
+        "a one-byte round trip is 4 FUSE requests: at least {:.0} us with the daemon on the caller's CPU, {:.0} us on the other",
+        4.0 * transport.same_cpu,
+        4.0 * transport.other_cpu
     );
     for (place, bk, bt, lk, lt) in &rows {
         println!(
