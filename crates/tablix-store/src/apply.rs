@@ -184,9 +184,16 @@ impl Applier {
     /// Savepoint control inside the pending transaction: a failure is
     /// reported without rolling back Commands already acknowledged.
     fn pending_sql(&self, sql: &str) -> Result<(), StoreError> {
-        self.conn
-            .execute_batch(sql)
+        self.control(sql)
             .map_err(|e| StoreError::Commit(error_message(&e)))
+    }
+
+    /// Runs one of the writer's own transaction-control statements, kept
+    /// prepared: every Command runs two or three of them. (User SQL is
+    /// never prepared through the cache, so it cannot meet these.)
+    fn control(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
     }
 
     /// Puts the connection in the state every Command starts from: the
@@ -282,7 +289,7 @@ impl Applier {
 
     /// Runs transaction-control SQL; on failure rolls the group back.
     fn batch_sql(&self, sql: &str) -> Result<(), StoreError> {
-        self.conn.execute_batch(sql).map_err(|e| {
+        self.control(sql).map_err(|e| {
             if !self.conn.is_autocommit() {
                 let _ = self.conn.execute_batch("ROLLBACK");
             }

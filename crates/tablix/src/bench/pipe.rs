@@ -248,7 +248,6 @@ fn measure(args: &PipeBenchArgs, daemon: &Daemon) -> anyhow::Result<()> {
     }
     let (tx_after, bytes_after) = pipe_counters(&daemon.http)?;
     drop((r, w));
-    // A one-byte round trip is four FUSE requests (two writes, two reads).
     let transport = transport::probe(daemon.pid(), &daemon.mount, 5000, args.repeat as usize)?;
     println!();
     println!(
@@ -273,10 +272,12 @@ fn measure(args: &PipeBenchArgs, daemon: &Daemon) -> anyhow::Result<()> {
         tx_after - tx_before
     );
     transport.print();
+    // The reads are parked before the bytes arrive, so a round trip's
+    // critical path holds two requests: each end's write, whose handling
+    // also answers the other end's parked read.
     println!(
-        "a one-byte round trip is 4 FUSE requests: at least {:.0} us with the daemon on the caller's CPU, {:.0} us on the other",
-        4.0 * transport.same_cpu,
-        4.0 * transport.other_cpu
+        "a one-byte round trip waits for at least 2 FUSE requests (each end's write): {:.0} us at the cheapest placement, before any transaction",
+        2.0 * transport.same_cpu
     );
     for (place, bk, bt, lk, lt) in &rows {
         println!(
