@@ -200,8 +200,9 @@ struct Results {
     bonnie: Vec<((u64, bool), [f64; 4])>,
     postmark: Option<f64>,
     meta: Option<[f64; 4]>,
-    /// The FUSE transport's cost on this target's daemon.
-    transport: Option<transport::RoundTrip>,
+    /// The FUSE transport's cost on this target's daemon, or why it was
+    /// not measured.
+    transport: Option<Result<transport::RoundTrip, String>>,
 }
 
 fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Results> {
@@ -236,7 +237,8 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
     }
     if let Some(d) = &t.daemon {
         eprintln!("  {}: FUSE round trip", t.label);
-        r.transport = Some(transport::probe(d.pid(), &d.mount, 5000, 3)?);
+        r.transport =
+            Some(transport::probe(d.pid(), &d.mount, 5000, 3).map_err(|e| format!("{e:#}")));
     }
     Ok(r)
 }
@@ -382,9 +384,13 @@ fn report(all: &[Results], a: &FsBenchArgs) {
         }
     }
     for o in others {
-        if let Some(t) = &o.transport {
-            print!("\n{}: ", o.label);
-            t.print();
+        match &o.transport {
+            Some(Ok(t)) => {
+                print!("\n{}: ", o.label);
+                t.print();
+            }
+            Some(Err(e)) => println!("\n{}: FUSE round-trip probe not run: {e}", o.label),
+            None => {}
         }
     }
 }

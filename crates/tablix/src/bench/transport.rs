@@ -90,11 +90,9 @@ fn time_requests(file: &Path, n: usize) -> anyhow::Result<f64> {
 /// run, medians of `repeat` runs per placement. Needs two CPUs; leaves the
 /// daemon and the calling thread free to run anywhere afterwards.
 pub(crate) fn probe(pid: u32, mount: &Path, n: usize, repeat: usize) -> anyhow::Result<RoundTrip> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
     let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
-        .filter(|&c| {
-            nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-                .is_ok_and(|s| s.is_set(c).unwrap_or(false))
-        })
+        .filter(|&c| allowed.is_set(c).unwrap_or(false))
         .collect();
     if cpus.len() < 2 || cpus[0] != 0 || cpus[1] != 1 {
         bail!("the transport probe needs CPUs 0 and 1 (this process may use {cpus:?})");
