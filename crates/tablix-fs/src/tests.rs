@@ -156,3 +156,26 @@ fn writes_inside_stored_bytes_patch_in_place() {
     assert_eq!(back.len(), 100_000);
     assert!(check(&c, 20, false).expect("check").is_clean());
 }
+
+#[test]
+fn whole_block_rewrites_patch_in_place_and_keep_the_allocation() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    let block = BLOCK_SIZE as usize;
+    write(&c, f, 0, &vec![1u8; block * 2 + 7]);
+    // Whole blocks over whole stored blocks, one of them inside a larger
+    // write that also extends the short last block.
+    write(&c, f, 0, &vec![2u8; block]);
+    let mut tail = vec![3u8; block];
+    tail.extend_from_slice(&[4u8; 20]);
+    write(&c, f, BLOCK_SIZE, &tail);
+    let back = read::read(&c, f, 0, (BLOCK_SIZE * 3) as u32).expect("read");
+    assert_eq!(back.len(), block * 2 + 20);
+    assert!(back[..block].iter().all(|&b| b == 2));
+    assert!(back[block..block * 2].iter().all(|&b| b == 3));
+    assert!(back[block * 2..].iter().all(|&b| b == 4));
+    let a = read::getattr(&c, f).expect("attr");
+    assert_eq!(a.size, BLOCK_SIZE * 2 + 20);
+    assert_eq!(a.allocated, BLOCK_SIZE * 2 + 20);
+    assert!(check(&c, 21, false).expect("check").is_clean());
+}
