@@ -77,10 +77,7 @@ impl Placement {
             Placement::SameCpu => 0,
             Placement::SplitCpus => role,
         };
-        let mut set = nix::sched::CpuSet::new();
-        if set.set(cpu).is_ok()
-            && let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-        {
+        if let Err(e) = transport::pin_self(&[cpu]) {
             eprintln!("cannot pin a thread to CPU {cpu}: {e}");
         }
     }

@@ -38,12 +38,17 @@ impl RoundTrip {
     }
 }
 
-/// Sets the CPU affinity of every thread of process `pid`.
-fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
+fn cpu_set(cpus: &[usize]) -> anyhow::Result<nix::sched::CpuSet> {
     let mut set = nix::sched::CpuSet::new();
     for &c in cpus {
         set.set(c)?;
     }
+    Ok(set)
+}
+
+/// Sets the CPU affinity of every thread of process `pid`.
+fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
+    let set = cpu_set(cpus)?;
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
         .with_context(|| format!("listing the threads of process {pid}"))?;
     for task in tasks {
@@ -63,12 +68,9 @@ fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn pin_self(cpus: &[usize]) -> anyhow::Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    for &c in cpus {
-        set.set(c)?;
-    }
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+/// Sets the CPU affinity of the calling thread.
+pub(crate) fn pin_self(cpus: &[usize]) -> anyhow::Result<()> {
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu_set(cpus)?)?;
     Ok(())
 }
 
