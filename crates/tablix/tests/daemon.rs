@@ -1065,10 +1065,17 @@ fn the_process_table_follows_forks_execs_and_exits() {
         .spawn()
         .unwrap();
     let pid = sleeper.id();
+    // Waits for the state after the last exec event: an earlier event's
+    // /proc read can land inside the second exec, after comm and exe have
+    // changed and before the new arguments exist (cmdline reads empty),
+    // and the exec event that follows corrects it.
     let r = wait_rows(
         &d,
         &format!("SELECT comm, exe, cmdline FROM processes WHERE pid = {pid} AND exit_ns IS NULL"),
-        |r| r.first().is_some_and(|row| row[0] == "sleep"),
+        |r| {
+            r.first()
+                .is_some_and(|row| row[0] == "sleep" && row[2] == "sleep 30")
+        },
     );
     assert!(
         r[0][1].as_str().is_some_and(|e| e.ends_with("/sleep")),
