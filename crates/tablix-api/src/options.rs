@@ -22,6 +22,9 @@ pub struct Options {
     pub level: Level,
     /// The statement of a `GET /db/query?q=...`.
     pub q: Option<String>,
+    /// rqlite's `db_timeout`: a tighter time limit for this request's
+    /// statements than the daemon's (never a looser one).
+    pub db_timeout: Option<std::time::Duration>,
 }
 
 /// Options rqlite defines that do not change what a single node does
@@ -30,7 +33,6 @@ const ACCEPTED: &[&str] = &[
     "redirect",
     "freshness",
     "freshness_strict",
-    "db_timeout",
     "timeout",
     "queue",
     "wait",
@@ -51,6 +53,40 @@ fn flag(name: &str, value: &str) -> Result<bool, String> {
     }
 }
 
+/// A Go-style duration, as rqlite's options take them: "500ms", "2s",
+/// "1m30s", "1.5h".
+pub fn duration(s: &str) -> Result<std::time::Duration, String> {
+    if s.is_empty() {
+        return Err("expected a duration such as 2s or 500ms".into());
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("{s:?} lacks a unit (ns, us, ms, s, m or h)"))?;
+        let n: f64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration such as 2s or 500ms"))?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            other => return Err(format!("unknown unit {other:?} in {s:?}")),
+        };
+        total += n * scale;
+        rest = &rest[unit..];
+    }
+    std::time::Duration::try_from_secs_f64(total).map_err(|e| format!("{s:?}: {e}"))
+}
+
 impl Options {
     pub fn parse(pairs: &[(String, String)]) -> Result<Options, String> {
         let mut o = Options::default();
@@ -62,6 +98,11 @@ impl Options {
                 "pretty" => o.pretty = flag(name, value)?,
                 "blob_array" => o.blob_array = flag(name, value)?,
                 "q" => o.q = Some(value.clone()),
+                "db_timeout" => {
+                    o.db_timeout = Some(
+                        duration(value).map_err(|e| format!("option db_timeout={value:?}: {e}"))?,
+                    )
+                }
                 "level" => {
                     o.level = match value.as_str() {
                         "none" => Level::None,
@@ -79,7 +120,7 @@ impl Options {
                 known if ACCEPTED.contains(&known) => {}
                 unknown => {
                     return Err(format!(
-                        "unknown option {unknown:?}; known options: transaction, timings, associative, pretty, blob_array, level, q, {}",
+                        "unknown option {unknown:?}; known options: transaction, timings, associative, pretty, blob_array, level, q, db_timeout, {}",
                         ACCEPTED.join(", ")
                     ));
                 }
@@ -127,5 +168,19 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown option \"transacton\"")
         );
+        let o = parse(&[("db_timeout", "1m30s")]).unwrap();
+        assert_eq!(o.db_timeout, Some(std::time::Duration::from_secs(90)));
+        assert_eq!(
+            parse(&[("db_timeout", "250ms")]).unwrap().db_timeout,
+            Some(std::time::Duration::from_millis(250))
+        );
+        for bad in ["5", "2 s", "1x", "", "-1s"] {
+            assert!(
+                parse(&[("db_timeout", bad)])
+                    .unwrap_err()
+                    .contains("db_timeout"),
+                "{bad}"
+            );
+        }
     }
 }

@@ -1,33 +1,46 @@
-//! The HTTP routes.
+//! The HTTP routes. Every handler first attributes its request to a
+//! caller (`identity.rs`) and checks the caller's permission for it; user
+//! SQL then runs as the caller's principal within the request's limits.
+//! Reads stream their results; writes answer once their group committed.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
-use tablix_store::{Command, Stamp, Stamped, Statement, Store, StoreError};
+use tablix_store::{
+    Cancel, Cell, Command, Limits, Sink, Stamp, Stamped, Statement, StatementOutcome,
+    StatementResult, Stop, Store, StoreError, Value,
+};
+use tokio::sync::{mpsc, oneshot};
 
+use crate::auth::AuthFile;
 use crate::body::parse_statements;
+use crate::encode::{Encoder, Out, Shape};
+use crate::identity::{self, Caller, Peer, Refusal};
 use crate::options::Options;
-use crate::render::{Shape, results};
 
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
     /// Largest request body accepted; larger ones get 413.
     pub body_limit: usize,
+    /// Most requests served at once; more wait for a turn.
+    pub max_requests: usize,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             body_limit: 8 * 1024 * 1024,
+            max_requests: 64,
         }
     }
 }
@@ -41,23 +54,37 @@ pub struct ServerInfo {
     pub http_addr: String,
     /// The page-cache policy installed, or "sqlite" for SQLite's own.
     pub pcache: String,
+    /// The Unix socket local clients use.
+    pub socket: Option<String>,
+    /// Where the file system is mounted.
+    pub mount: Option<String>,
+    /// Whether the TCP address speaks TLS.
+    pub tls: bool,
 }
 
 struct App {
     store: Arc<Store>,
     info: ServerInfo,
     config: ApiConfig,
+    auth: Arc<AuthFile>,
     started: Instant,
 }
 
 type Shared = State<Arc<App>>;
 
-pub fn router(store: Arc<Store>, info: ServerInfo, config: ApiConfig) -> Router {
+pub fn router(
+    store: Arc<Store>,
+    info: ServerInfo,
+    config: ApiConfig,
+    auth: Arc<AuthFile>,
+) -> Router {
     let limit = config.body_limit;
+    let max = config.max_requests.max(1);
     let app = Arc::new(App {
         store,
         info,
         config,
+        auth,
         started: Instant::now(),
     });
     Router::new()
@@ -67,6 +94,7 @@ pub fn router(store: Arc<Store>, info: ServerInfo, config: ApiConfig) -> Router 
         .route("/status", get(status))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(max))
         .with_state(app)
 }
 
@@ -75,17 +103,61 @@ struct Failure(StatusCode, String);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
+        let mut r = (self.0, Json(json!({ "error": self.1 }))).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"tablix\""),
+            );
+        }
+        r
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         let status = match e {
-            StoreError::Closed => StatusCode::SERVICE_UNAVAILABLE,
+            StoreError::Closed | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Failure(status, e.to_string())
+    }
+}
+
+/// The caller of a request.
+struct Who(Caller);
+
+impl FromRequestParts<Arc<App>> for Who {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Who, Failure> {
+        let peer = parts.extensions.get::<Peer>().ok_or_else(|| {
+            Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the connection carries no peer".into(),
+            )
+        })?;
+        let authorization = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        identity::resolve(peer, authorization, &app.auth)
+            .map(Who)
+            .map_err(|Refusal::Unauthenticated(m)| Failure(StatusCode::UNAUTHORIZED, m))
+    }
+}
+
+fn require(granted: bool, caller: &Caller, perm: &str) -> Result<(), Failure> {
+    if granted {
+        Ok(())
+    } else {
+        Err(Failure(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} may not do this: it needs the permission {perm:?}",
+                caller.principal.name
+            ),
+        ))
     }
 }
 
@@ -98,75 +170,216 @@ fn statements(body: Result<Bytes, BytesRejection>) -> Result<Vec<Statement>, Fai
     parse_statements(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, e))
 }
 
-fn respond(json: serde_json::Value, o: &Options) -> Response {
-    let text = if o.pretty {
-        serde_json::to_string_pretty(&json)
-    } else {
-        serde_json::to_string(&json)
-    };
-    match text {
-        Ok(t) => ([(header::CONTENT_TYPE, "application/json")], t).into_response(),
-        Err(e) => Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
-}
-
 fn reply(r: Result<Response, Failure>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
+fn json_response(body: Body) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Sets the request's cancellation when dropped: dropped with the
+/// handler's future (its client went away) or with the response body
+/// (sent, or its client went away mid-stream).
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl App {
+    fn limits(&self, o: &Options, write: bool) -> Limits {
+        let c = self.store.config();
+        let mut limits = if write {
+            c.write_limits()
+        } else {
+            c.read_limits()
+        };
+        if let Some(t) = o.db_timeout {
+            limits.timeout = limits.timeout.min(t);
+        }
+        limits
+    }
+}
+
+/// Replays gathered results into an encoder.
+fn replay(outcomes: &[StatementOutcome], sink: &mut dyn Sink) -> Result<(), Stop> {
+    for out in outcomes {
+        match &out.result {
+            StatementResult::Rows(rows) => {
+                sink.columns(&rows.columns)?;
+                for row in &rows.values {
+                    let cells: Vec<Cell<'_>> = row
+                        .iter()
+                        .map(|v| match v {
+                            Value::Null => Cell::Null,
+                            Value::Integer(i) => Cell::Integer(*i),
+                            Value::Real(f) => Cell::Real(*f),
+                            Value::Text(t) => Cell::Text(t.as_bytes()),
+                            Value::Blob(b) => Cell::Blob(b),
+                        })
+                        .collect();
+                    sink.row(&cells)?;
+                }
+                sink.end_rows(&rows.types)?;
+            }
+            StatementResult::Executed {
+                last_insert_id,
+                rows_affected,
+            } => sink.executed(*last_insert_id, *rows_affected)?,
+            StatementResult::Error(m) => sink.error(m)?,
+        }
+        sink.end_statement(out.seconds)?;
+    }
+    Ok(())
+}
+
 async fn write(
     app: &App,
+    caller: &Caller,
     sts: Vec<Statement>,
     o: &Options,
     shape: Shape,
 ) -> Result<Response, Failure> {
+    require(caller.perms.execute, caller, "execute")?;
     let started = Instant::now();
+    let limits = app.limits(o, true);
+    let _cancel = CancelOnDrop(limits.cancel.clone());
+    let max = limits.max_result_bytes;
     let command = Command::Sql {
         statements: sts,
         transaction: o.transaction,
+        principal: caller.principal.clone(),
     };
     let applied = app
         .store
-        .submit(Stamped::new(Stamp::now(), command))
+        .submit_limited(Stamped::new(Stamp::now(), command), limits)
         .await?;
-    Ok(respond(
-        results(
-            &applied.statements,
-            shape,
-            o,
-            started.elapsed().as_secs_f64(),
-        ),
-        o,
-    ))
+    let mut enc = Encoder::new(Vec::new(), o, shape, max);
+    // The results were gathered within the bound already; an encoding
+    // that still outgrows it ends with the statement's error.
+    let _ = replay(&applied.statements, &mut enc);
+    let chunks = enc
+        .finish(started.elapsed().as_secs_f64())
+        .map_err(|_| Failure(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed".into()))?;
+    Ok(json_response(Body::from(chunks.concat())))
 }
 
-async fn read(app: &Arc<App>, sts: Vec<Statement>, o: &Options) -> Result<Response, Failure> {
-    let started = Instant::now();
-    let store = Arc::clone(&app.store);
-    let outcomes = tokio::task::spawn_blocking(move || store.query(&sts))
-        .await
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
-    Ok(respond(
-        results(&outcomes, Shape::Mixed, o, started.elapsed().as_secs_f64()),
-        o,
-    ))
+/// Chunks of a streamed response, sent as they are encoded.
+struct Channel {
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Says whether the response starts (Ok) or fails as a whole (Err),
+    /// once: before the first chunk.
+    start: Option<oneshot::Sender<Result<(), Failure>>>,
+    /// When the request's time is up: a client that does not read by
+    /// then is given up on.
+    deadline: Instant,
+    handle: tokio::runtime::Handle,
 }
 
-async fn unified(app: &Arc<App>, sts: Vec<Statement>, o: &Options) -> Result<Response, Failure> {
+impl Out for Channel {
+    fn emit(&mut self, chunk: Vec<u8>) -> Result<(), Stop> {
+        if let Some(start) = self.start.take() {
+            let _ = start.send(Ok(()));
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let tx = self.tx.clone();
+        match self
+            .handle
+            .block_on(tokio::time::timeout(left, tx.send(chunk)))
+        {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(Stop::Gone),
+        }
+    }
+}
+
+async fn read(
+    app: &Arc<App>,
+    caller: &Caller,
+    sts: Vec<Statement>,
+    o: &Options,
+) -> Result<Response, Failure> {
+    require(caller.perms.query, caller, "query")?;
     let started = Instant::now();
+    let limits = app.limits(o, false);
+    let cancel = CancelOnDrop(limits.cancel.clone());
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+    let (start_tx, start_rx) = oneshot::channel();
     let store = Arc::clone(&app.store);
-    let (sts, read) = tokio::task::spawn_blocking(move || {
-        let r = store.query_if_read_only(&sts);
+    let principal = caller.principal.clone();
+    let o2 = o.clone();
+    // Past its own limit the request is given a little longer to send
+    // what it has.
+    let deadline = Instant::now() + limits.timeout + Duration::from_secs(10);
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let out = Channel {
+            tx,
+            start: Some(start_tx),
+            deadline,
+            handle,
+        };
+        let mut enc = Encoder::new(out, &o2, Shape::Mixed, limits.max_result_bytes);
+        match store.query_into(&principal, &sts, &limits, &mut enc) {
+            Ok(()) => {
+                if let Ok(mut out) = enc.finish(started.elapsed().as_secs_f64())
+                    && let Some(start) = out.start.take()
+                {
+                    let _ = start.send(Ok(()));
+                }
+            }
+            Err(e) if !enc.started() => {
+                if let Some(start) = enc_start(enc) {
+                    let _ = start.send(Err(Failure::from(e)));
+                }
+            }
+            Err(e) => tracing::warn!("a streamed query failed part way: {e}"),
+        }
+    });
+    match start_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(f)) => return Err(f),
+        Err(_) => {
+            return Err(Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the query ended without a result".into(),
+            ));
+        }
+    }
+    let stream = futures_util::stream::unfold((rx, cancel), |(mut rx, cancel)| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::io::Error>(Bytes::from(chunk)), (rx, cancel)))
+    });
+    Ok(json_response(Body::from_stream(stream)))
+}
+
+/// The start signal of an encoder that never sent anything.
+fn enc_start(enc: Encoder<Channel>) -> Option<oneshot::Sender<Result<(), Failure>>> {
+    enc.into_out().start
+}
+
+async fn unified(
+    app: &Arc<App>,
+    caller: &Caller,
+    sts: Vec<Statement>,
+    o: &Options,
+) -> Result<Response, Failure> {
+    let store = Arc::clone(&app.store);
+    let principal = caller.principal.clone();
+    let (sts, reads) = tokio::task::spawn_blocking(move || {
+        let r = store.classify(&principal, &sts);
         (sts, r)
     })
     .await
     .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    match read? {
-        Some(outcomes) => Ok(respond(
-            results(&outcomes, Shape::Mixed, o, started.elapsed().as_secs_f64()),
-            o,
-        )),
-        None => write(app, sts, o, Shape::Mixed).await,
+    if reads? {
+        read(app, caller, sts, o).await
+    } else {
+        write(app, caller, sts, o, Shape::Mixed).await
     }
 }
 
@@ -182,24 +395,31 @@ fn q_statement(o: &Options) -> Result<Vec<Statement>, Failure> {
 
 async fn execute(
     State(app): Shared,
+    who: Result<Who, Failure>,
     Query(q): Query<Vec<(String, String)>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     reply(
         async {
+            let Who(caller) = who?;
             let o = options(&q)?;
             let sts = statements(body)?;
-            write(&app, sts, &o, Shape::Execute).await
+            write(&app, &caller, sts, &o, Shape::Execute).await
         }
         .await,
     )
 }
 
-async fn query_get(State(app): Shared, Query(q): Query<Vec<(String, String)>>) -> Response {
+async fn query_get(
+    State(app): Shared,
+    who: Result<Who, Failure>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Response {
     reply(
         async {
+            let Who(caller) = who?;
             let o = options(&q)?;
-            read(&app, q_statement(&o)?, &o).await
+            read(&app, &caller, q_statement(&o)?, &o).await
         }
         .await,
     )
@@ -207,23 +427,30 @@ async fn query_get(State(app): Shared, Query(q): Query<Vec<(String, String)>>) -
 
 async fn query_post(
     State(app): Shared,
+    who: Result<Who, Failure>,
     Query(q): Query<Vec<(String, String)>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     reply(
         async {
+            let Who(caller) = who?;
             let o = options(&q)?;
-            read(&app, statements(body)?, &o).await
+            read(&app, &caller, statements(body)?, &o).await
         }
         .await,
     )
 }
 
-async fn request_get(State(app): Shared, Query(q): Query<Vec<(String, String)>>) -> Response {
+async fn request_get(
+    State(app): Shared,
+    who: Result<Who, Failure>,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Response {
     reply(
         async {
+            let Who(caller) = who?;
             let o = options(&q)?;
-            unified(&app, q_statement(&o)?, &o).await
+            unified(&app, &caller, q_statement(&o)?, &o).await
         }
         .await,
     )
@@ -231,62 +458,84 @@ async fn request_get(State(app): Shared, Query(q): Query<Vec<(String, String)>>)
 
 async fn request_post(
     State(app): Shared,
+    who: Result<Who, Failure>,
     Query(q): Query<Vec<(String, String)>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     reply(
         async {
+            let Who(caller) = who?;
             let o = options(&q)?;
-            unified(&app, statements(body)?, &o).await
+            unified(&app, &caller, statements(body)?, &o).await
         }
         .await,
     )
 }
 
-async fn status(State(app): Shared) -> Response {
-    let c = app.store.config();
-    Json(json!({
-        "tablix": app.info,
-        "uptime_seconds": app.started.elapsed().as_secs_f64(),
-        "store": {
-            "data_dir": c.data_dir,
-            "database": c.database_path(),
-            "mode": c.durability.as_str(),
-            "readers": c.readers,
-            "max_batch": c.max_batch,
-            "flush_interval_ms": c.flush_interval.as_millis() as u64,
-            "stats": app.store.stats(),
-        },
-        "http": { "addr": app.info.http_addr, "body_limit": app.config.body_limit },
-        "pcache": {
-            "policy": app.info.pcache,
-            "caches": tablix_pcache::caches().iter().map(|c| json!({
-                "cache_id": c.id,
-                "policy": c.policy.name(),
-                "page_size": c.page_size,
-                "purgeable": c.purgeable,
-                "capacity": c.capacity,
-                "resident": c.resident,
-                "pinned": c.pinned,
-                "hits": c.hits,
-                "misses": c.misses,
-                "evictions": c.evictions,
-            })).collect::<Vec<_>>(),
-        },
-    }))
-    .into_response()
+async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
+    reply((|| {
+        let Who(caller) = who?;
+        require(caller.perms.status, &caller, "status")?;
+        let c = app.store.config();
+        Ok(Json(json!({
+            "tablix": app.info,
+            "caller": {"name": caller.principal.name, "uid": caller.principal.uid, "raw": caller.principal.raw},
+            "uptime_seconds": app.started.elapsed().as_secs_f64(),
+            "store": {
+                "data_dir": c.data_dir,
+                "database": c.database_path(),
+                "mode": c.durability.as_str(),
+                "readers": c.readers,
+                "max_batch": c.max_batch,
+                "flush_interval_ms": c.flush_interval.as_millis() as u64,
+                "read_timeout_ms": c.read_timeout.as_millis() as u64,
+                "write_timeout_ms": c.write_timeout.as_millis() as u64,
+                "max_result_bytes": c.max_result_bytes,
+                "memory_limit": c.memory_limit,
+                "wal_limit": c.wal_limit,
+                "stats": app.store.stats(),
+            },
+            "http": {
+                "addr": app.info.http_addr,
+                "body_limit": app.config.body_limit,
+                "max_requests": app.config.max_requests,
+                "tls": app.info.tls,
+                "auth": !app.auth.is_empty(),
+            },
+            "pcache": {
+                "policy": app.info.pcache,
+                "caches": tablix_pcache::caches().iter().map(|c| json!({
+                    "cache_id": c.id,
+                    "policy": c.policy.name(),
+                    "page_size": c.page_size,
+                    "purgeable": c.purgeable,
+                    "capacity": c.capacity,
+                    "resident": c.resident,
+                    "pinned": c.pinned,
+                    "hits": c.hits,
+                    "misses": c.misses,
+                    "evictions": c.evictions,
+                })).collect::<Vec<_>>(),
+            },
+        }))
+        .into_response())
+    })())
 }
 
-async fn readyz(State(app): Shared) -> Response {
-    let store = Arc::clone(&app.store);
-    let probe =
-        tokio::task::spawn_blocking(move || store.query(&[Statement::new("SELECT 1")])).await;
-    match probe {
-        Ok(Ok(_)) => (StatusCode::OK, "[+]node ok\n[+]leader ok\n[+]store ok\n").into_response(),
-        _ => (
+/// Ready when the store takes Commands: answered without a reader, so a
+/// busy daemon still says it is alive.
+async fn readyz(State(app): Shared, who: Result<Who, Failure>) -> Response {
+    let ready = who.and_then(|Who(caller)| require(caller.perms.ready, &caller, "ready"));
+    if let Err(f) = ready {
+        return f.into_response();
+    }
+    if app.store.is_open() {
+        (StatusCode::OK, "[+]node ok\n[+]leader ok\n[+]store ok\n").into_response()
+    } else {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
             "[+]node ok\n[-]store unavailable\n",
         )
-            .into_response(),
+            .into_response()
     }
 }

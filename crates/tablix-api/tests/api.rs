@@ -4,43 +4,107 @@
 use std::sync::Arc;
 
 use serde_json::{Value as Json, json};
-use tablix_api::{ApiConfig, ServerInfo, router};
+use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router, serve, tls_acceptor};
 use tablix_store::{Store, StoreConfig};
 
 struct Server {
     base: String,
     agent: ureq::Agent,
+    store: Arc<Store>,
     _dir: tempfile::TempDir,
     _rt: tokio::runtime::Runtime,
 }
 
+/// How a test server is set up.
+#[derive(Default)]
+struct Setup {
+    body_limit: Option<usize>,
+    auth: Option<&'static str>,
+    tls: bool,
+    readers: Option<usize>,
+}
+
 fn server(body_limit: usize) -> Server {
+    start(Setup {
+        body_limit: Some(body_limit),
+        ..Setup::default()
+    })
+}
+
+fn start(setup: Setup) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(StoreConfig::new(dir.path())).unwrap());
+    let mut config = StoreConfig::new(dir.path().join("data"));
+    if let Some(n) = setup.readers {
+        config.readers = n;
+    }
+    let store = Arc::new(Store::open(config).unwrap());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+    let mut agent = ureq::Agent::config_builder().http_status_as_error(false);
+    let tls = if setup.tls {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (c, k) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&c, cert.cert.pem()).unwrap();
+        std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
+        let der = ureq::tls::Certificate::from_der(cert.cert.der()).to_owned();
+        agent = agent.tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&[der]))
+                .build(),
+        );
+        Some(tls_acceptor(&c, &k).unwrap())
+    } else {
+        None
+    };
+    let endpoint = rt
+        .block_on(Endpoint::tcp("127.0.0.1:0".parse().unwrap(), tls))
         .unwrap();
-    let addr = listener.local_addr().unwrap();
+    let addr = endpoint.local_addr().unwrap();
+    let socket = dir.path().join("data/tablix.sock");
+    let unix = {
+        let _in_runtime = rt.enter();
+        Endpoint::unix(&socket).unwrap()
+    };
     let info = ServerInfo {
         version: "test".into(),
         pid: std::process::id(),
         http_addr: addr.to_string(),
         pcache: "sqlite".into(),
+        socket: Some(socket.display().to_string()),
+        mount: None,
+        tls: setup.tls,
     };
-    let app = router(store, info, ApiConfig { body_limit });
-    rt.spawn(async move { axum::serve(listener, app).await });
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
+    let auth = match setup.auth {
+        Some(text) => AuthFile::parse(text.as_bytes()).unwrap(),
+        None => AuthFile::default(),
+    };
+    let app = router(
+        Arc::clone(&store),
+        info,
+        ApiConfig {
+            body_limit: setup.body_limit.unwrap_or(1 << 20),
+            max_requests: 16,
+        },
+        Arc::new(auth),
+    );
+    rt.spawn(serve(
+        vec![endpoint, unix],
+        app,
+        std::future::pending(),
+        std::time::Duration::from_secs(1),
+    ));
+    let scheme = if setup.tls {
+        "https://localhost"
+    } else {
+        "http://127.0.0.1"
+    };
     Server {
-        base: format!("http://{addr}"),
-        agent,
+        base: format!("{scheme}:{}", addr.port()),
+        agent: agent.build().into(),
+        store,
         _dir: dir,
         _rt: rt,
     }
@@ -48,14 +112,25 @@ fn server(body_limit: usize) -> Server {
 
 impl Server {
     fn post(&self, path: &str, body: &str) -> (u16, Json) {
-        let mut r = self
+        self.post_as(None, path, body)
+    }
+
+    fn post_as(&self, user: Option<(&str, &str)>, path: &str, body: &str) -> (u16, Json) {
+        let mut req = self
             .agent
             .post(format!("{}{path}", self.base))
-            .header("Content-Type", "application/json")
-            .send(body)
-            .unwrap();
+            .header("Content-Type", "application/json");
+        if let Some((u, p)) = user {
+            req = req.header("Authorization", basic(u, p));
+        }
+        let mut r = req.send(body).unwrap();
         let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().unwrap();
+        let text = r
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_string()
+            .unwrap();
         (
             status,
             serde_json::from_str(&text).unwrap_or(Json::String(text)),
@@ -70,6 +145,14 @@ impl Server {
             .unwrap();
         (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
     }
+}
+
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
 }
 
 #[test]
@@ -228,4 +311,188 @@ fn status_and_readiness() {
     assert_eq!(j["store"]["mode"], json!("sync"));
     assert_eq!(j["store"]["stats"]["commands"], json!(1));
     assert_eq!(j["tablix"]["pid"], json!(std::process::id()));
+}
+
+const USERS: &str = r#"[
+    {"username": "writer", "password": "w-secret", "perms": ["execute", "query", "status", "ready"]},
+    {"username": "reader", "password": "r-secret", "perms": ["query"]},
+    {"username": "admin", "password": "a-secret", "perms": ["all"], "uid": 0}
+]"#;
+
+#[test]
+fn requests_are_attributed_and_permissions_checked() {
+    let s = start(Setup {
+        auth: Some(USERS),
+        ..Setup::default()
+    });
+    // Loopback without credentials: the socket's owner (this test's user).
+    let (code, j) = s.post("/db/query", r#"["SELECT count(*) FROM tablix_meta"]"#);
+    assert_eq!(code, 200, "{j}");
+    let me = nix::unistd::geteuid().as_raw();
+    if me == 0 {
+        assert!(
+            j["results"][0]["values"].is_array(),
+            "root reads raw state: {j}"
+        );
+    } else {
+        assert!(
+            j["results"][0]["error"].as_str().unwrap().contains("raw"),
+            "{j}"
+        );
+    }
+    let (code, body) = s.get("/status");
+    assert_eq!(code, 200);
+    let status: Json = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["caller"]["uid"], json!(me));
+    // API users get what their permissions allow.
+    let (code, j) = s.post_as(
+        Some(("reader", "r-secret")),
+        "/db/execute",
+        r#"["CREATE TABLE t(x)"]"#,
+    );
+    assert_eq!(code, 403, "{j}");
+    assert!(j["error"].as_str().unwrap().contains("\"execute\""), "{j}");
+    let (code, _) = s.post_as(
+        Some(("writer", "w-secret")),
+        "/db/execute",
+        r#"["CREATE TABLE t(x)"]"#,
+    );
+    assert_eq!(code, 200);
+    let (code, j) = s.post_as(
+        Some(("reader", "r-secret")),
+        "/db/query",
+        r#"["SELECT count(*) FROM t"]"#,
+    );
+    assert_eq!((code, &j["results"][0]["values"]), (200, &json!([[0]])));
+    // API users are nobody to the file system, and raw state is not theirs
+    // unless granted.
+    let (_, j) = s.post_as(
+        Some(("writer", "w-secret")),
+        "/db/query",
+        r#"["SELECT * FROM tablix_inode"]"#,
+    );
+    assert!(
+        j["results"][0]["error"].as_str().unwrap().contains("raw"),
+        "{j}"
+    );
+    let (_, j) = s.post_as(
+        Some(("admin", "a-secret")),
+        "/db/query",
+        r#"["SELECT count(*) FROM tablix_inode"]"#,
+    );
+    assert!(j["results"][0]["values"].is_array(), "{j}");
+    // Wrong credentials are refused, whatever the transport.
+    let (code, j) = s.post_as(Some(("writer", "nope")), "/db/query", r#"["SELECT 1"]"#);
+    assert_eq!(code, 401, "{j}");
+}
+
+#[test]
+fn tls_serves_the_same_api() {
+    let s = start(Setup {
+        tls: true,
+        auth: Some(USERS),
+        ..Setup::default()
+    });
+    let (code, j) = s.post_as(
+        Some(("writer", "w-secret")),
+        "/db/request",
+        r#"["SELECT 40 + 2"]"#,
+    );
+    assert_eq!(code, 200, "{j}");
+    assert_eq!(j["results"][0]["values"], json!([[42]]));
+    // Plain HTTP to a TLS port gets nowhere.
+    let plain = s.base.replace("https://localhost", "http://127.0.0.1");
+    let r = ureq::Agent::new_with_defaults()
+        .get(format!("{plain}/readyz"))
+        .call();
+    assert!(r.is_err());
+}
+
+#[test]
+fn large_results_stream_and_are_bounded() {
+    let s = server(1 << 20);
+    s.post("/db/execute", r#"["CREATE TABLE big(b)", "INSERT INTO big SELECT randomblob(1000000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20) SELECT x FROM c)"]"#);
+    let (code, j) = s.post("/db/query?blob_array", r#"["SELECT b FROM big"]"#);
+    assert_eq!(code, 200);
+    let rows = j["results"][0]["values"].as_array().unwrap();
+    // 20 MB of blobs as byte arrays is more than the default 64 MiB bound?
+    // No: about 75 MB of JSON, so the result stops with an error.
+    assert!(rows.len() < 20, "{} rows", rows.len());
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("larger than the limit"),
+        "{}",
+        j["results"][0]["error"]
+    );
+    // In base64 it fits and arrives whole.
+    let (code, j) = s.post("/db/query", r#"["SELECT length(b), b FROM big"]"#);
+    assert_eq!(code, 200);
+    assert_eq!(j["results"][0]["values"].as_array().unwrap().len(), 20);
+    assert!(j["results"][0].get("error").is_none());
+}
+
+#[test]
+fn db_timeout_tightens_the_time_limit_and_readiness_needs_no_reader() {
+    let s = start(Setup {
+        readers: Some(1),
+        ..Setup::default()
+    });
+    let runaway =
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+    let (code, j) = s.post("/db/query?db_timeout=300ms", &format!(r#"["{runaway}"]"#));
+    assert_eq!(code, 200);
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("time limit of 300 ms"),
+        "{j}"
+    );
+    // The only reader busy: readiness still answers, and a write still goes
+    // through /db/request.
+    let busy = {
+        let store = Arc::clone(&s.store);
+        std::thread::spawn(move || {
+            let mut l = store.config().read_limits();
+            l.timeout = std::time::Duration::from_secs(3);
+            store.query_into(
+                &tablix_store::Principal::root(),
+                &[tablix_store::Statement::new(runaway)],
+                &l,
+                &mut Discard,
+            )
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (code, body) = s.get("/readyz");
+    assert_eq!((code, body.contains("store ok")), (200, true));
+    let (code, j) = s.post("/db/request", r#"["CREATE TABLE w(x)"]"#);
+    assert_eq!(code, 200, "{j}");
+    assert!(j["results"][0].get("error").is_none(), "{j}");
+    busy.join().unwrap().unwrap();
+}
+
+struct Discard;
+
+impl tablix_store::Sink for Discard {
+    fn columns(&mut self, _: &[String]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn row(&mut self, _: &[tablix_store::Cell<'_>]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn end_rows(&mut self, _: &[String]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn executed(&mut self, _: i64, _: u64) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn error(&mut self, _: &str) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn end_statement(&mut self, _: f64) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
 }

@@ -4,12 +4,13 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::checksum;
 use crate::errno::Errno;
 use crate::inode::{attr, check_new_name, child, directory, parent_of};
 use crate::op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
 use crate::schema::{
-    BLOCK_SIZE, LAST_BLOCK_INDEX, LINK_MAX, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_VALUE_MAX,
-    block_key, spans,
+    BLOCK_SIZE, LAST_BLOCK_INDEX, LINK_MAX, MAX_FILE_SIZE, MAX_INO, NAME_MAX, SYMLINK_MAX,
+    XATTR_VALUE_MAX, block_key, spans,
 };
 
 const S_IFMT: u32 = libc::S_IFMT;
@@ -72,7 +73,19 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, Errno> {
             }
             Ok(FsReply::Done)
         }
-        FsOp::Check { repair } => crate::check::check(conn, now, *repair).map(FsReply::Checked),
+        FsOp::Check {
+            repair,
+            verify_data,
+        } => crate::check::check(
+            conn,
+            now,
+            crate::check::Options {
+                repair: *repair,
+                verify_data: *verify_data,
+            },
+            &mut |_| {},
+        )
+        .map(FsReply::Checked),
     }
 }
 
@@ -158,12 +171,23 @@ fn insert_inode(
     rdev: u32,
     size: u64,
 ) -> Result<Ino, Errno> {
+    // Numbers are never reused: the kernel may still cache a freed one.
+    let ino: i64 = conn
+        .prepare_cached(
+            "UPDATE tablix_meta SET value = value + 1 WHERE key = 'next_ino' RETURNING value - 1",
+        )?
+        .query_row([], |r| r.get(0))
+        .optional()?
+        .ok_or(Errno::EIO)?;
+    if ino as u64 >= MAX_INO {
+        return Err(Errno::ENOSPC);
+    }
     conn.prepare_cached(
-        "INSERT INTO tablix_inode(mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, btime_ns)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?7, ?7)",
+        "INSERT INTO tablix_inode(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, btime_ns)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8, ?8, ?8)",
     )?
-    .execute(params![mode, nlink, uid, gid, rdev, size as i64, now])?;
-    Ok(conn.last_insert_rowid() as u64)
+    .execute(params![ino, mode, nlink, uid, gid, rdev, size as i64, now])?;
+    Ok(ino as u64)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -553,11 +577,10 @@ fn truncate(conn: &Connection, ino: Ino, old: u64, new: u64, allocated: u64) -> 
             .optional()?;
         if let Some(len) = len
             && len as u64 > keep
+            && let Some(mut block) = load_block(conn, key)?
         {
-            conn.prepare_cached(
-                "UPDATE tablix_block SET data = substr(data, 1, ?2) WHERE id = ?1",
-            )?
-            .execute(params![key, keep as i64])?;
+            block.truncate(keep as usize);
+            store_block(conn, key, &block)?;
             freed += len as u64 - keep;
         }
     }
@@ -588,9 +611,57 @@ fn block_len(conn: &Connection, key: i64) -> Result<u64, Errno> {
         .unwrap_or(0) as u64)
 }
 
+/// Stores a whole block with its checksum.
 fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
-    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data) VALUES (?1, ?2)")?
-        .execute(params![key, data])?;
+    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data, crc) VALUES (?1, ?2, ?3)")?
+        .execute(params![key, data, &checksum::of(data)[..]])?;
+    Ok(())
+}
+
+/// Overwrites bytes `[lo, lo + piece.len())` of a stored block in place,
+/// so that only the database pages they lie on change (a 4 KiB database
+/// page written into a 64 KiB block dirties one page, not the whole row)
+/// and a rewritten file keeps its pages where they were instead of freeing
+/// them and allocating others from the freelist, scattered. The checksum
+/// follows the patch without reading the rest of the block; a block stored
+/// before checksums existed keeps none.
+fn patch_block(
+    conn: &Connection,
+    key: i64,
+    lo: usize,
+    piece: &[u8],
+    stored: u64,
+) -> Result<(), Errno> {
+    let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
+    let whole = lo == 0 && piece.len() as u64 == stored;
+    let mut old = Vec::new();
+    if !whole {
+        old = vec![0u8; piece.len()];
+        blob.read_at_exact(&mut old, lo)?;
+    }
+    blob.write_all_at(piece, lo)?;
+    drop(blob);
+    // A NULL checksum (a block from before checksums) cannot be opened as
+    // a blob (SQLITE_ERROR): it stays unverified until the block is stored
+    // whole.
+    let mut sum = match conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "crc", key, false) {
+        Ok(sum) => sum,
+        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if sum.size() != 4 {
+        return Ok(());
+    }
+    let mut stored_crc = [0u8; 4];
+    sum.read_at_exact(&mut stored_crc, 0)?;
+    let new = if whole {
+        checksum::of(piece)
+    } else {
+        let after = stored as usize - lo - piece.len();
+        let old_crc = u32::from_be_bytes(stored_crc);
+        checksum::patched(old_crc, &old, piece, after).to_be_bytes()
+    };
+    sum.write_all_at(&new, 0)?;
     Ok(())
 }
 
@@ -604,14 +675,8 @@ fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<
         let key = block_key(ino, span.index);
         let stored = block_len(conn, key)?;
         if span.hi as u64 <= stored {
-            // Inside the stored bytes (a whole block over a whole block
-            // too): patch them in place, so only the pages the write
-            // touches change (a 4 KiB database page written into a 64 KiB
-            // block dirties one page, not the whole row) and a rewritten
-            // file keeps its pages where they were instead of freeing them
-            // and allocating others from the freelist, scattered.
-            let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
-            blob.write_all_at(piece, span.lo).map_err(|_| Errno::EIO)?;
+            // Inside the stored bytes (a whole block over a whole block too).
+            patch_block(conn, key, span.lo, piece, stored)?;
         } else if span.lo == 0 && span.hi as u64 == BLOCK_SIZE {
             delta += BLOCK_SIZE as i64 - stored as i64;
             store_block(conn, key, piece)?;

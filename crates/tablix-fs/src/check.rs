@@ -12,12 +12,38 @@
 //! 6. Only regular files have data blocks; no stored byte lies at or past a
 //!    file's size, and `allocated` is the bytes its blocks hold.
 //! 7. A symlink has its target and nothing else has one.
+//! 8. Every block's bytes match the checksum stored with them (only with
+//!    [`Options::verify_data`]; a block written before checksums existed
+//!    has none and is counted as unverified). Data cannot be repaired.
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::checksum;
 use crate::errno::Errno;
 use crate::op::{Ino, ROOT};
 use crate::schema::{BLOCK_SIZE, split_block_key};
+
+/// What a check does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Fix what can be fixed safely (otherwise change nothing).
+    pub repair: bool,
+    /// Read every data block and compare it with its checksum.
+    pub verify_data: bool,
+}
+
+/// Where a check is, for a caller that shows progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub phase: &'static str,
+    /// Units done and in all (blocks while verifying data; 0 and 0 when a
+    /// phase has no count).
+    pub done: u64,
+    pub total: u64,
+}
+
+/// Blocks read per query while verifying data: a progress report each.
+const VERIFY_CHUNK: i64 = 256;
 
 /// What a check found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -31,6 +57,10 @@ pub struct Report {
     pub inodes: u64,
     pub entries: u64,
     pub blocks: u64,
+    /// Blocks read and found to match their checksums.
+    pub verified_blocks: u64,
+    /// Blocks without a checksum (written before checksums existed).
+    pub unverified_blocks: u64,
 }
 
 impl Report {
@@ -45,10 +75,19 @@ fn all<T: rusqlite::types::FromSql>(conn: &Connection, sql: &str) -> rusqlite::R
     rows.collect()
 }
 
-/// Checks the file system; with `repair`, fixes what it safely can. Run on
-/// the store's writer inside a Command, so repairs are one transaction.
-pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno> {
+/// Checks the file system; with `repair`, fixes what it safely can. With
+/// repairs it runs on the store's writer inside a Command, so they are one
+/// transaction; without, on any connection, read-only. `progress` hears of
+/// each phase, and of every few blocks while data is verified.
+pub fn check(
+    conn: &Connection,
+    now: i64,
+    options: Options,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Report, Errno> {
+    let repair = options.repair;
     let mut r = Report::default();
+    phase(progress, "integrity check of the database");
     let integrity: Vec<String> = all(conn, "PRAGMA integrity_check")?;
     if integrity != ["ok"] {
         for line in integrity {
@@ -59,6 +98,7 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
         return Ok(r);
     }
 
+    phase(progress, "directory entries");
     remove_found(
         conn,
         repair,
@@ -128,6 +168,7 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
     }
 
     // Link counts, after the entries are repaired.
+    phase(progress, "link counts");
     let links: Vec<(i64, i64, i64, i64)> = {
         let mut st = conn.prepare(
             "SELECT i.ino, i.nlink,
@@ -172,6 +213,7 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
         }
     }
 
+    phase(progress, "block placement and sizes");
     check_blocks(conn, repair, &mut r)?;
 
     let bad_links: Vec<i64> = all(
@@ -193,6 +235,9 @@ pub fn check(conn: &Connection, now: i64, repair: bool) -> Result<Report, Errno>
         |ino| format!("7: inode {ino} has a symlink target but is not a symlink"),
         |ino| format!("removed the stray target of {ino}"),
     )?;
+    if options.verify_data {
+        verify_data(conn, &mut r, progress)?;
+    }
     if !repair {
         r.unrepaired = r.problems.len();
     }
@@ -245,9 +290,14 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
             if start >= size {
                 conn.execute("DELETE FROM tablix_block WHERE id = ?1", params![id])?;
             } else {
-                conn.execute(
-                    "UPDATE tablix_block SET data = substr(data, 1, ?2) WHERE id = ?1",
+                let keep: Vec<u8> = conn.query_row(
+                    "SELECT substr(data, 1, ?2) FROM tablix_block WHERE id = ?1",
                     params![id, size - start],
+                    |row| row.get(0),
+                )?;
+                conn.execute(
+                    "UPDATE tablix_block SET data = ?2, crc = ?3 WHERE id = ?1",
+                    params![id, keep, &checksum::of(&keep)[..]],
                 )?;
             }
             r.repairs
@@ -281,6 +331,108 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
         }
     }
     Ok(())
+}
+
+fn phase(progress: &mut dyn FnMut(Progress), name: &'static str) {
+    progress(Progress {
+        phase: name,
+        done: 0,
+        total: 0,
+    });
+}
+
+/// Reads every block and compares it with its checksum (invariant 8).
+fn verify_data(
+    conn: &Connection,
+    r: &mut Report,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), Errno> {
+    let total: i64 = conn.query_row("SELECT count(*) FROM tablix_block", [], |row| row.get(0))?;
+    let mut after = i64::MIN;
+    let mut done = 0;
+    loop {
+        progress(Progress {
+            phase: "data blocks against their checksums",
+            done,
+            total: total as u64,
+        });
+        let (last, seen) = verify_blocks(conn, after, VERIFY_CHUNK, r)?;
+        done += seen;
+        match last {
+            Some(key) if seen == VERIFY_CHUNK as u64 => after = key,
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Verifies up to `limit` blocks with keys above `after` against their
+/// checksums (invariant 8), counting them in `r` and adding a problem per
+/// damaged one. Returns the last key read and how many were read, so that
+/// a caller can go on from there in another transaction (`tablix scrub`).
+pub fn verify_blocks(
+    conn: &Connection,
+    after: i64,
+    limit: i64,
+    r: &mut Report,
+) -> Result<(Option<i64>, u64), Errno> {
+    let mut st = conn.prepare_cached(
+        "SELECT id, data, crc FROM tablix_block WHERE id > ?1 ORDER BY id LIMIT ?2",
+    )?;
+    let mut rows = st.query(params![after, limit])?;
+    let mut last = None;
+    let mut seen = 0;
+    while let Some(row) = rows.next()? {
+        seen += 1;
+        let id: i64 = row.get(0)?;
+        last = Some(id);
+        let data = row.get_ref(1)?.as_blob().map_err(|_| Errno::EIO)?;
+        let Some(stored) = row.get_ref(2)?.as_blob_or_null().map_err(|_| Errno::EIO)? else {
+            r.unverified_blocks += 1;
+            continue;
+        };
+        let computed = crc32fast::hash(data);
+        match checksum::from_stored(stored) {
+            Some(want) if want == computed => r.verified_blocks += 1,
+            want => {
+                let (ino, index) = split_block_key(id);
+                r.problems.push(format!(
+                    "8: block {index} of inode {ino} ({}) does not match its checksum (stored {}, computed {computed:08x}): its data is damaged",
+                    path_of(conn, ino)?,
+                    want.map_or_else(|| "malformed".to_string(), |w| format!("{w:08x}")),
+                ));
+                r.unrepaired += 1;
+            }
+        }
+    }
+    Ok((last, seen))
+}
+
+/// One path naming `ino`, for messages ("?" parts where entries are gone).
+pub fn path_of(conn: &Connection, ino: Ino) -> Result<String, Errno> {
+    let mut parts = Vec::new();
+    let mut at = ino;
+    // Bounded: a damaged tree could loop.
+    for _ in 0..4096 {
+        if at == ROOT {
+            break;
+        }
+        let up: Option<(i64, Vec<u8>)> = conn
+            .prepare_cached("SELECT parent, name FROM tablix_dirent WHERE ino = ?1 LIMIT 1")?
+            .query_row(params![at as i64], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?;
+        match up {
+            Some((parent, name)) => {
+                parts.push(String::from_utf8_lossy(&name).into_owned());
+                at = parent as u64;
+            }
+            None => {
+                parts.push(format!("<inode {at}, no name>"));
+                break;
+            }
+        }
+    }
+    parts.reverse();
+    Ok(format!("/{}", parts.join("/")))
 }
 
 /// Reports each row `find` returns as a problem and, with `repair`, removes

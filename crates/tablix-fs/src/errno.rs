@@ -31,6 +31,9 @@ impl Errno {
     pub const EBADF: Errno = Errno(libc::EBADF);
     pub const EINTR: Errno = Errno(libc::EINTR);
     pub const EPIPE: Errno = Errno(libc::EPIPE);
+    pub const EACCES: Errno = Errno(libc::EACCES);
+    pub const ELOOP: Errno = Errno(libc::ELOOP);
+    pub const ENOTTY: Errno = Errno(libc::ENOTTY);
 
     pub fn code(self) -> i32 {
         self.0

@@ -14,6 +14,7 @@
 
 mod apply;
 pub mod check;
+pub mod checksum;
 mod errno;
 mod inode;
 mod op;

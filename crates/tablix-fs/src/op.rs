@@ -114,9 +114,11 @@ pub enum FsOp {
         inodes: Vec<Ino>,
     },
     /// Checks the file system's invariants and, with `repair`, fixes what
-    /// it safely can (`tablix fsck`).
+    /// it safely can (`tablix fsck`); with `verify_data`, also reads every
+    /// block against its checksum.
     Check {
         repair: bool,
+        verify_data: bool,
     },
 }
 

@@ -195,6 +195,86 @@ pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64
     }
 }
 
+/// Most symbolic links one path resolution follows (Linux's MAXSYMLINKS).
+const MAX_SYMLINKS: u32 = 40;
+
+/// Longest path resolved (PATH_MAX, with its terminating NUL).
+const PATH_MAX: usize = 4096;
+
+/// What a permission check asks for, as access(2)'s mask.
+pub const MAY_READ: u32 = 4;
+pub const MAY_SEARCH: u32 = 1;
+
+/// Resolves the absolute `path` as the kernel would for a caller whose
+/// rights `may(attr, mask)` decides: every directory it passes through must
+/// be searchable, `.` and `..` work, and symbolic links are followed (at
+/// most 40), relative to the directory holding them. Returns the final
+/// inode; a trailing `/` requires it to be a directory.
+pub fn resolve(
+    conn: &Connection,
+    path: &[u8],
+    may: &dyn Fn(&Attr, u32) -> bool,
+) -> Result<Attr, Errno> {
+    if path.len() >= PATH_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if path.first() != Some(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    let mut pending: std::collections::VecDeque<Vec<u8>> = components(path);
+    let mut must_be_dir = path.ends_with(b"/");
+    let mut cur = attr(conn, crate::op::ROOT)?;
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        if !cur.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        if !may(&cur, MAY_SEARCH) {
+            return Err(Errno::EACCES);
+        }
+        check_lookup_name(&name)?;
+        match name.as_slice() {
+            b"." => continue,
+            b".." => {
+                cur = attr(conn, parent_of(conn, cur.ino)?)?;
+                continue;
+            }
+            _ => {}
+        }
+        let (_, ino) = child(conn, cur.ino, &name)?.ok_or(Errno::ENOENT)?;
+        let next = attr(conn, ino)?;
+        if next.file_type() == libc::S_IFLNK {
+            links += 1;
+            if links > MAX_SYMLINKS {
+                return Err(Errno::ELOOP);
+            }
+            let target = readlink(conn, ino)?;
+            if pending.is_empty() {
+                must_be_dir |= target.ends_with(b"/");
+            }
+            for part in components(&target).into_iter().rev() {
+                pending.push_front(part);
+            }
+            if target.first() == Some(&b'/') {
+                cur = attr(conn, crate::op::ROOT)?;
+            }
+            continue;
+        }
+        cur = next;
+    }
+    if must_be_dir && !cur.is_dir() {
+        return Err(Errno::ENOTDIR);
+    }
+    Ok(cur)
+}
+
+fn components(path: &[u8]) -> std::collections::VecDeque<Vec<u8>> {
+    path.split(|&b| b == b'/')
+        .filter(|p| !p.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
 /// Inodes in use, for statfs.
 pub fn inode_count(conn: &Connection) -> Result<u64, Errno> {
     Ok(conn

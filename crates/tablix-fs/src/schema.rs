@@ -31,6 +31,10 @@ pub const XATTR_VALUE_MAX: usize = 65536;
 /// The largest block index.
 pub const LAST_BLOCK_INDEX: u64 = (1 << BLOCK_INDEX_BITS) - 1;
 
+/// Inode numbers of the file system stay below this; the mount's virtual
+/// inodes (the control directory and pipes) start here.
+pub const MAX_INO: u64 = 1 << 48;
+
 /// The key of block `index` of inode `ino`.
 pub fn block_key(ino: u64, index: u64) -> i64 {
     ((ino << BLOCK_INDEX_BITS) | index) as i64
@@ -74,6 +78,7 @@ pub(crate) fn spans(from: u64, to: u64) -> impl Iterator<Item = Span> {
 
 /// Schema migration creating the file system, with its root directory.
 /// The root gets its owner and times at the first mount (`FsOp::Mount`).
+/// Released as the store's migration 2: never edited.
 pub const SCHEMA: &str = "
 CREATE TABLE main.tablix_inode(
     ino       INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -145,6 +150,85 @@ SELECT w.path AS path,
        strftime('%Y-%m-%d %H:%M:%f', i.ctime_ns / 1e9, 'unixepoch') AS ctime,
        strftime('%Y-%m-%d %H:%M:%f', i.btime_ns / 1e9, 'unixepoch') AS btime
 FROM walk w JOIN tablix_inode i ON i.ino = w.ino;
+";
+
+/// The store's migration 3, after [`SCHEMA`]. Frozen once released.
+///
+/// * Inode numbers come from `tablix_meta.next_ino` instead of
+///   AUTOINCREMENT, so `sqlite_sequence` holds only rows of user tables and
+///   user SQL may change it freely. The table is rebuilt without the
+///   keyword, keeping every row.
+/// * Data blocks get a checksum column (`crc`: CRC-32 of `data`, 4 bytes
+///   big-endian, written with the data; NULL for blocks written before it).
+/// * The `files` view leaves the database: it is created per connection in
+///   the temp schema ([`USER_VIEWS`]), where it can apply the permissions of
+///   whoever queries it.
+///
+/// Runs with `legacy_alter_table` on and foreign keys off, so that objects
+/// of other owners cannot stop it.
+pub const MIGRATION_3: &str = "
+DROP VIEW IF EXISTS main.files;
+CREATE TABLE main.tablix_inode_v3(
+    ino       INTEGER PRIMARY KEY,
+    mode      INTEGER NOT NULL,
+    nlink     INTEGER NOT NULL,
+    uid       INTEGER NOT NULL,
+    gid       INTEGER NOT NULL,
+    rdev      INTEGER NOT NULL DEFAULT 0,
+    size      INTEGER NOT NULL DEFAULT 0,
+    allocated INTEGER NOT NULL DEFAULT 0,
+    atime_ns  INTEGER NOT NULL,
+    mtime_ns  INTEGER NOT NULL,
+    ctime_ns  INTEGER NOT NULL,
+    btime_ns  INTEGER NOT NULL
+) STRICT;
+INSERT INTO main.tablix_inode_v3
+    SELECT ino, mode, nlink, uid, gid, rdev, size, allocated, atime_ns, mtime_ns, ctime_ns, btime_ns
+    FROM main.tablix_inode;
+INSERT INTO main.tablix_meta(key, value) VALUES ('next_ino', 1 + max(
+    coalesce((SELECT seq FROM main.sqlite_sequence WHERE name = 'tablix_inode'), 0),
+    coalesce((SELECT max(ino) FROM main.tablix_inode), 0)));
+DROP TABLE main.tablix_inode;
+ALTER TABLE main.tablix_inode_v3 RENAME TO tablix_inode;
+CREATE INDEX main.tablix_inode_unlinked ON tablix_inode(ino) WHERE nlink = 0;
+DELETE FROM main.sqlite_sequence WHERE name = 'tablix_inode';
+ALTER TABLE main.tablix_block ADD COLUMN crc BLOB;
+";
+
+/// The file system as SQL users see it: `files`, one row per path the
+/// querying user could look up (every directory on the way searchable by
+/// them, as `tablix_may` decides). Created in the temp schema of each
+/// connection that runs user SQL; `tablix_may(mode, uid, gid, mask)` is the
+/// store's permission check for the current request's user. Inner names
+/// start with `tablix_`, a prefix user SQL may not give a CTE.
+pub const USER_VIEWS: &str = "
+CREATE TEMP VIEW files AS
+WITH RECURSIVE tablix_walk(ino, path) AS (
+    SELECT 1, '/'
+    UNION ALL
+    SELECT d.ino, CASE WHEN w.path = '/' THEN '/' ELSE w.path || '/' END || CAST(d.name AS TEXT)
+    FROM tablix_walk w
+    JOIN main.tablix_inode p ON p.ino = w.ino AND (p.mode & 61440) = 16384
+        AND tablix_may(p.mode, p.uid, p.gid, 1)
+    JOIN main.tablix_dirent d ON d.parent = w.ino
+)
+SELECT w.path AS path,
+       i.ino AS ino,
+       CASE i.mode & 61440
+           WHEN 32768 THEN 'file' WHEN 16384 THEN 'dir' WHEN 40960 THEN 'symlink'
+           WHEN 4096 THEN 'fifo' WHEN 49152 THEN 'socket' WHEN 8192 THEN 'chardev'
+           WHEN 24576 THEN 'blockdev' ELSE 'unknown' END AS type,
+       i.size AS size,
+       printf('%04o', i.mode & 4095) AS mode,
+       i.uid AS uid,
+       i.gid AS gid,
+       i.nlink AS nlink,
+       CAST((SELECT s.target FROM main.tablix_symlink s WHERE s.ino = i.ino) AS TEXT) AS target,
+       strftime('%Y-%m-%d %H:%M:%f', i.atime_ns / 1e9, 'unixepoch') AS atime,
+       strftime('%Y-%m-%d %H:%M:%f', i.mtime_ns / 1e9, 'unixepoch') AS mtime,
+       strftime('%Y-%m-%d %H:%M:%f', i.ctime_ns / 1e9, 'unixepoch') AS ctime,
+       strftime('%Y-%m-%d %H:%M:%f', i.btime_ns / 1e9, 'unixepoch') AS btime
+FROM tablix_walk w JOIN main.tablix_inode i ON i.ino = w.ino;
 ";
 
 #[cfg(test)]

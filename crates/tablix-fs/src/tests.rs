@@ -2,19 +2,48 @@
 
 use rusqlite::Connection;
 
-use crate::check::check;
-use crate::op::{FsOp, FsReply, ROOT, SetAttr};
+use proptest::prelude::*;
+
+use crate::check::{self, Options, Report};
+use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, SCHEMA};
+use crate::schema::{BLOCK_SIZE, MIGRATION_3, SCHEMA};
 use crate::{Errno, apply};
 
-fn fs() -> Connection {
+/// A database as the store's migrations leave it, before migration 3.
+fn fs_v2() -> Connection {
     let c = Connection::open_in_memory().expect("memory db");
     c.execute_batch("CREATE TABLE tablix_meta(key TEXT PRIMARY KEY, value ANY) STRICT;")
         .expect("meta");
     c.execute_batch(SCHEMA).expect("schema");
+    c
+}
+
+fn migrate_3(c: &Connection) {
+    c.execute_batch("PRAGMA legacy_alter_table = ON; PRAGMA foreign_keys = OFF;")
+        .expect("pragmas");
+    c.execute_batch(&format!("BEGIN; {MIGRATION_3} COMMIT;"))
+        .expect("migration 3");
+}
+
+fn fs() -> Connection {
+    let c = fs_v2();
+    migrate_3(&c);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
+}
+
+/// Checks with every data block verified; `repair` as fsck's.
+fn check(c: &Connection, now: i64, repair: bool) -> Result<Report, Errno> {
+    check::check(
+        c,
+        now,
+        Options {
+            repair,
+            verify_data: true,
+        },
+        &mut |_| {},
+    )
 }
 
 fn node(c: &Connection, parent: u64, name: &str, mode: u32) -> u64 {
@@ -178,4 +207,201 @@ fn whole_block_rewrites_patch_in_place_and_keep_the_allocation() {
     assert_eq!(a.size, BLOCK_SIZE * 2 + 20);
     assert_eq!(a.allocated, BLOCK_SIZE * 2 + 20);
     assert!(check(&c, 21, false).expect("check").is_clean());
+}
+
+#[test]
+fn checksums_catch_damaged_data_and_name_the_file() {
+    let c = fs();
+    let d = node(&c, ROOT, "docs", libc::S_IFDIR | 0o755);
+    let f = node(&c, d, "report", libc::S_IFREG | 0o644);
+    write(&c, f, 0, &vec![7u8; 100_000]);
+    let r = check(&c, 30, false).expect("check");
+    assert!(r.is_clean(), "{r:?}");
+    assert_eq!((r.verified_blocks, r.unverified_blocks), (2, 0));
+    // One byte changed behind the file system's back.
+    c.blob_open(
+        rusqlite::MAIN_DB,
+        "tablix_block",
+        "data",
+        crate::schema::block_key(f, 1),
+        false,
+    )
+    .and_then(|mut b| b.write_at(&[0], 100))
+    .expect("damage");
+    let r = check(&c, 31, true).expect("check");
+    assert_eq!(r.problems.len(), 1, "{r:?}");
+    assert!(
+        r.problems[0].contains("block 1 of inode") && r.problems[0].contains("/docs/report"),
+        "{r:?}"
+    );
+    assert_eq!(r.unrepaired, 1, "damaged data cannot be repaired");
+}
+
+#[test]
+fn blocks_from_before_checksums_stay_readable_and_count_as_unverified() {
+    let c = fs_v2();
+    migrate_3(&c);
+    apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
+    let f = node(&c, ROOT, "old", libc::S_IFREG | 0o644);
+    write(&c, f, 0, &vec![5u8; 1000]);
+    c.execute("UPDATE tablix_block SET crc = NULL", [])
+        .expect("legacy");
+    // A patch inside the stored bytes keeps it unverified, not wrong.
+    write(&c, f, 10, b"new");
+    let r = check(&c, 2, false).expect("check");
+    assert!(r.is_clean(), "{r:?}");
+    assert_eq!((r.verified_blocks, r.unverified_blocks), (0, 1));
+    assert_eq!(
+        &read::read(&c, f, 9, 5).expect("read"),
+        &[5, b'n', b'e', b'w', 5]
+    );
+    // Stored whole again, it gets a checksum.
+    write(&c, f, 0, &vec![6u8; 2000]);
+    let r = check(&c, 3, false).expect("check");
+    assert_eq!((r.verified_blocks, r.unverified_blocks), (1, 0));
+}
+
+#[test]
+fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
+    let c = fs_v2();
+    // Before migration 3, AUTOINCREMENT numbered inodes; the highest ever
+    // handed out was 9 although 9 is gone now.
+    c.execute_batch(
+        "INSERT INTO tablix_inode(ino, mode, nlink, uid, gid, atime_ns, mtime_ns, ctime_ns, btime_ns)
+             VALUES (9, 33188, 1, 0, 0, 0, 0, 0, 0);
+         INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('nine' AS BLOB), 9);
+         DELETE FROM tablix_dirent WHERE ino = 9; DELETE FROM tablix_inode WHERE ino = 9;
+         INSERT INTO tablix_inode(ino, mode, nlink, uid, gid, atime_ns, mtime_ns, ctime_ns, btime_ns)
+             VALUES (5, 33188, 1, 0, 0, 0, 0, 0, 0);
+         INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
+    )
+    .expect("old rows");
+    migrate_3(&c);
+    let seq: i64 = c
+        .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
+        .expect("sequence");
+    assert_eq!(seq, 0, "no system rows left in sqlite_sequence");
+    assert_eq!(read::lookup(&c, ROOT, b"five").expect("five").ino, 5);
+    let n = node(&c, ROOT, "new", libc::S_IFREG | 0o644);
+    assert_eq!(n, 10);
+    assert!(check(&c, 2, false).expect("check").is_clean());
+}
+
+#[test]
+fn paths_resolve_with_permissions_dots_and_symlinks() {
+    let c = fs();
+    let home = node(&c, ROOT, "home", libc::S_IFDIR | 0o755);
+    let private = node(&c, home, "private", libc::S_IFDIR | 0o700);
+    let secret = node(&c, private, "secret", libc::S_IFREG | 0o644);
+    apply(
+        &c,
+        2,
+        &FsOp::Symlink {
+            parent: home,
+            name: b"link".to_vec(),
+            target: b"private/secret".to_vec(),
+            uid: 0,
+            gid: 0,
+        },
+    )
+    .expect("symlink");
+    apply(
+        &c,
+        2,
+        &FsOp::Symlink {
+            parent: ROOT,
+            name: b"loop".to_vec(),
+            target: b"/loop".to_vec(),
+            uid: 0,
+            gid: 0,
+        },
+    )
+    .expect("loop");
+    let root = |_: &Attr, _: u32| true;
+    // Someone else: only "other" bits apply.
+    let other = |a: &Attr, mask: u32| a.mode & mask == mask;
+    assert_eq!(
+        read::resolve(&c, b"/home/link", &root).map(|a| a.ino),
+        Ok(secret)
+    );
+    assert_eq!(
+        read::resolve(&c, b"/home/./private/../private//secret", &root).map(|a| a.ino),
+        Ok(secret)
+    );
+    assert_eq!(read::resolve(&c, b"/home/link", &other), Err(Errno::EACCES));
+    assert_eq!(read::resolve(&c, b"/home", &other).map(|a| a.ino), Ok(home));
+    assert_eq!(read::resolve(&c, b"/loop", &root), Err(Errno::ELOOP));
+    assert_eq!(
+        read::resolve(&c, b"/home/link/", &root),
+        Err(Errno::ENOTDIR)
+    );
+    assert_eq!(read::resolve(&c, b"/nope", &root), Err(Errno::ENOENT));
+    assert_eq!(read::resolve(&c, b"home", &root), Err(Errno::EINVAL));
+    let long = format!("/{}", "a".repeat(300));
+    assert_eq!(
+        read::resolve(&c, long.as_bytes(), &root),
+        Err(Errno::ENAMETOOLONG)
+    );
+}
+
+/// One step of the checksum property test.
+#[derive(Clone, Debug)]
+enum Step {
+    Write(u64, Vec<u8>),
+    Truncate(u64),
+    Punch(u64, u64),
+    Allocate(u64, u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let at = 0..BLOCK_SIZE * 3;
+    prop_oneof![
+        4 => (at.clone(), prop::collection::vec(any::<u8>(), 1..20_000)).prop_map(|(o, d)| Step::Write(o, d)),
+        1 => at.clone().prop_map(Step::Truncate),
+        1 => (at.clone(), 1..BLOCK_SIZE).prop_map(|(o, l)| Step::Punch(o, l)),
+        1 => (at, 1..BLOCK_SIZE).prop_map(|(o, l)| Step::Allocate(o, l)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    /// Whatever path a change takes (in-place patch, whole-block store,
+    /// read-modify-write, truncation, hole punching, allocation), the data
+    /// matches a plain byte vector and every block matches its checksum.
+    #[test]
+    fn every_write_path_keeps_blocks_and_checksums_right(steps in prop::collection::vec(step(), 1..24)) {
+        let c = fs();
+        let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+        let mut model: Vec<u8> = Vec::new();
+        for (i, s) in steps.iter().enumerate() {
+            let now = 100 + i as i64;
+            match s {
+                Step::Write(o, d) => {
+                    write(&c, f, *o, d);
+                    let end = *o as usize + d.len();
+                    if model.len() < end { model.resize(end, 0); }
+                    model[*o as usize..end].copy_from_slice(d);
+                }
+                Step::Truncate(n) => {
+                    apply(&c, now, &FsOp::SetAttr { ino: f, attr: SetAttr { size: Some(*n), ..SetAttr::default() } }).expect("truncate");
+                    model.resize(*n as usize, 0);
+                }
+                Step::Punch(o, l) => {
+                    apply(&c, now, &FsOp::Fallocate { ino: f, offset: *o, length: *l, mode: libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE }).expect("punch");
+                    let end = ((*o + *l) as usize).min(model.len());
+                    if (*o as usize) < end { model[*o as usize..end].fill(0); }
+                }
+                Step::Allocate(o, l) => {
+                    apply(&c, now, &FsOp::Fallocate { ino: f, offset: *o, length: *l, mode: 0 }).expect("allocate");
+                    let end = (*o + *l) as usize;
+                    if model.len() < end { model.resize(end, 0); }
+                }
+            }
+        }
+        let back = read::read(&c, f, 0, (BLOCK_SIZE * 5) as u32).expect("read");
+        prop_assert_eq!(back, model);
+        let r = check(&c, 1000, false).expect("check");
+        prop_assert!(r.is_clean(), "{:?}", r);
+        prop_assert_eq!(r.unverified_blocks, 0);
+    }
 }

@@ -267,6 +267,14 @@ impl Mounted {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        if self.is_ended() {
+            // Someone ran umount: the kernel ended the session and the
+            // mount point is no longer ours to unmount.
+            return session.join().map_err(|source| MountError::Fuse {
+                path: self.mountpoint.clone(),
+                source,
+            });
+        }
         match session.umount_and_join() {
             Ok(()) => Ok(()),
             Err(e) => {

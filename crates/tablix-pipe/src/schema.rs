@@ -44,10 +44,30 @@ CREATE TABLE pid_pipe(
     opened_ns INTEGER NOT NULL
 );
 CREATE INDEX pid_pipe_by_pipe ON pid_pipe(pipe);
-CREATE VIEW pipes AS
+";
+
+/// The pipes as SQL users see them, created in the temp schema of each
+/// connection that runs user SQL (the memory database itself is readable
+/// only by root). `pipes`: every named pipe (anyone may list the pipes
+/// directory), and the anonymous pipes the querying user created (root:
+/// all). `pid_pipe`: which process holds which end, for the processes the
+/// user may inspect, as /proc/PID/fd shows them. `pipe_data`, the bytes in
+/// flight, has no view. The store provides `tablix_caller_uid()` and
+/// `tablix_may_inspect(uid, euid, gid, egid)`; inner names start with
+/// `tablix_`, which user SQL may not give a CTE.
+pub const USER_VIEWS: &str = "
+CREATE TEMP VIEW pipes AS
     SELECT id, name, buffered, capacity, bytes_in AS total_in, bytes_out AS total_out,
            writes, reads, readers, writers, uid, gid, mode, created_ns, changed_ns
-    FROM pipe;
+    FROM mem.pipe
+    WHERE name IS NOT NULL OR uid = tablix_caller_uid() OR tablix_caller_uid() = 0;
+CREATE TEMP VIEW pid_pipe AS
+    WITH tablix_inspectable(pid) AS (
+        SELECT pid FROM mem.processes
+        WHERE exit_ns IS NULL AND tablix_may_inspect(uid, euid, gid, egid)
+    )
+    SELECT handle, pipe, pid, end, opened_ns FROM mem.pid_pipe
+    WHERE tablix_caller_uid() = 0 OR pid IN tablix_inspectable;
 ";
 
 /// Whether `name` may name a pipe: a file name that is not `.` or `..`,

@@ -176,9 +176,11 @@ mod tests {
         // The thread shares its process's id and parent.
         assert_eq!(row(12), (10, Some(1), "sh".into(), None));
         let handler: u32 = c
-            .query_row("SELECT handler_id FROM pid_store WHERE pid = 12", [], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT tgid FROM processes WHERE pid = 12 AND exit_ns IS NULL",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(handler, 10);
         let exit = |pid, at_ns, status| ProcEvent::Exit {

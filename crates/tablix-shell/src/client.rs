@@ -1,7 +1,11 @@
-//! A small client of the daemon's HTTP API.
+//! A small client of the daemon's HTTP API, over the daemon's Unix socket
+//! (where it is known by its Unix credentials) or TCP (plain or TLS, with
+//! an API user's credentials or, on loopback, again as its Unix user).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{Value as Json, json};
 
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +16,8 @@ pub enum ClientError {
     Refused { status: u16, message: String },
     #[error("unexpected answer from the daemon: {0}")]
     Protocol(String),
+    #[error("{0}")]
+    Setup(String),
 }
 
 /// The result of one statement.
@@ -30,45 +36,223 @@ pub enum Reply {
     Error(String),
 }
 
-pub struct Client {
-    addr: String,
-    agent: ureq::Agent,
+enum Transport {
+    /// HTTP over the daemon's Unix socket.
+    Unix {
+        path: PathBuf,
+        runtime: tokio::runtime::Runtime,
+    },
+    /// HTTP or HTTPS over TCP; `base` is scheme://host:port.
+    Tcp { base: String, agent: ureq::Agent },
 }
 
+pub struct Client {
+    transport: Transport,
+    /// HTTP Basic credentials, sent with every request.
+    authorization: Option<String>,
+}
+
+/// Largest response the client takes whole (the daemon bounds results).
+const MAX_RESPONSE: u64 = 1 << 32;
+
 impl Client {
-    /// A client of the daemon listening at `addr` (HOST:PORT).
-    pub fn new(addr: impl Into<String>) -> Client {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(3)))
+    /// A client of the daemon listening on the Unix socket `path`.
+    pub fn unix(path: impl Into<PathBuf>) -> Result<Client, ClientError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
             .build()
-            .into();
-        Client {
-            addr: addr.into(),
-            agent,
+            .map_err(|e| ClientError::Setup(format!("starting the client: {e}")))?;
+        Ok(Client {
+            transport: Transport::Unix {
+                path: path.into(),
+                runtime,
+            },
+            authorization: None,
+        })
+    }
+
+    /// A client of the daemon at `addr`: HOST:PORT (HTTP), or
+    /// http://HOST:PORT or https://HOST:PORT; a missing port is 4001.
+    /// `ca` is a PEM certificate to trust for HTTPS besides the usual roots.
+    pub fn tcp(addr: &str, ca: Option<&Path>) -> Result<Client, ClientError> {
+        let (scheme, rest) = match addr.split_once("://") {
+            Some((s @ ("http" | "https"), rest)) => (s, rest),
+            Some((other, _)) => {
+                return Err(ClientError::Setup(format!(
+                    "unknown scheme {other:?} in {addr:?}: use http:// or https://"
+                )));
+            }
+            None => ("http", addr),
+        };
+        let rest = rest.trim_end_matches('/');
+        let host_port = if rest
+            .rsplit_once(':')
+            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+        {
+            rest.to_string()
+        } else {
+            format!("{rest}:4001")
+        };
+        let mut config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_secs(3)));
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca)
+                .map_err(|e| ClientError::Setup(format!("reading {}: {e}", ca.display())))?;
+            let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(ClientError::Setup(format!(
+                    "{} holds no PEM certificate",
+                    ca.display()
+                )));
+            }
+            config = config.tls_config(
+                ureq::tls::TlsConfig::builder()
+                    .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+                    .build(),
+            );
+        }
+        Ok(Client {
+            transport: Transport::Tcp {
+                base: format!("{scheme}://{host_port}"),
+                agent: config.build().into(),
+            },
+            authorization: None,
+        })
+    }
+
+    /// Sends `user` and `password` (an API user's) with every request.
+    pub fn with_credentials(mut self, user: &str, password: &str) -> Client {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        self.authorization = Some(format!("Basic {token}"));
+        self
+    }
+
+    /// Where the daemon is, for messages.
+    pub fn addr(&self) -> String {
+        match &self.transport {
+            Transport::Unix { path, .. } => path.display().to_string(),
+            Transport::Tcp { base, .. } => base.clone(),
         }
     }
 
-    pub fn addr(&self) -> &str {
-        &self.addr
+    fn unreachable(&self, reason: impl ToString) -> ClientError {
+        ClientError::Unreachable {
+            addr: self.addr(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Sends one request; the status and body of the answer.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, String), ClientError> {
+        match &self.transport {
+            Transport::Tcp { base, agent } => {
+                let url = format!("{base}{path}");
+                let mut response = match body {
+                    Some(b) => {
+                        let mut req = agent.post(&url).header("Content-Type", "application/json");
+                        if let Some(a) = &self.authorization {
+                            req = req.header("Authorization", a);
+                        }
+                        req.send(b)
+                    }
+                    None => {
+                        let mut req = agent.get(&url);
+                        if let Some(a) = &self.authorization {
+                            req = req.header("Authorization", a);
+                        }
+                        req.call()
+                    }
+                }
+                .map_err(|e| self.unreachable(e))?;
+                let status = response.status().as_u16();
+                let text = response
+                    .body_mut()
+                    .with_config()
+                    .limit(MAX_RESPONSE)
+                    .read_to_string()
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                Ok((status, text))
+            }
+            Transport::Unix {
+                path: socket,
+                runtime,
+            } => runtime.block_on(self.over_unix(socket, method, path, body)),
+        }
+    }
+
+    async fn over_unix(
+        &self,
+        socket: &Path,
+        method: &str,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, String), ClientError> {
+        use http_body_util::BodyExt;
+        let stream = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| self.unreachable(e))?;
+        let driver = tokio::spawn(conn);
+        let mut builder = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("Host", "localhost");
+        if let Some(a) = &self.authorization {
+            builder = builder.header("Authorization", a.as_str());
+        }
+        let body = match body {
+            Some(b) => {
+                builder = builder.header("Content-Type", "application/json");
+                http_body_util::Full::new(hyper::body::Bytes::from(b))
+            }
+            None => http_body_util::Full::new(hyper::body::Bytes::new()),
+        };
+        let request = builder
+            .body(body)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let status = response.status().as_u16();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .to_bytes();
+        driver.abort();
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
     }
 
     fn post(&self, path: &str, body: &Json) -> Result<Json, ClientError> {
-        let url = format!("http://{}{path}", self.addr);
-        let mut resp = self
-            .agent
-            .post(&url)
-            .header("Content-Type", "application/json")
-            .send(body.to_string())
-            .map_err(|e| ClientError::Unreachable {
-                addr: self.addr.clone(),
-                reason: e.to_string(),
-            })?;
-        let status = resp.status().as_u16();
-        let text = resp
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, text) = self.send("POST", path, Some(body.to_string()))?;
+        let json: Json = serde_json::from_str(&text)
+            .map_err(|_| ClientError::Protocol(format!("HTTP {status}: {text}")))?;
+        if status != 200 {
+            let message = json["error"].as_str().unwrap_or(&text).to_string();
+            return Err(ClientError::Refused { status, message });
+        }
+        Ok(json)
+    }
+
+    /// A GET of `path`, as JSON.
+    pub fn get_json(&self, path: &str) -> Result<Json, ClientError> {
+        let (status, text) = self.send("GET", path, None)?;
         let json: Json = serde_json::from_str(&text)
             .map_err(|_| ClientError::Protocol(format!("HTTP {status}: {text}")))?;
         if status != 200 {
@@ -98,18 +282,21 @@ impl Client {
         self.results(self.post("/db/query?blob_array", &json!(statements))?)
     }
 
-    /// Checks that a daemon answers.
+    /// Checks that a daemon answers and takes this client's requests.
     pub fn ping(&self) -> Result<(), ClientError> {
-        let url = format!("http://{}/readyz", self.addr);
-        match self.agent.get(&url).call() {
-            Ok(r) if r.status().as_u16() == 200 => Ok(()),
-            Ok(r) => Err(ClientError::Refused {
-                status: r.status().as_u16(),
-                message: "the daemon is not ready".into(),
+        let (status, text) = self.send("GET", "/readyz", None)?;
+        match status {
+            200 => Ok(()),
+            401 | 403 => Err(ClientError::Refused {
+                status,
+                message: serde_json::from_str::<Json>(&text)
+                    .ok()
+                    .and_then(|j| j["error"].as_str().map(String::from))
+                    .unwrap_or(text),
             }),
-            Err(e) => Err(ClientError::Unreachable {
-                addr: self.addr.clone(),
-                reason: e.to_string(),
+            _ => Err(ClientError::Refused {
+                status,
+                message: "the daemon is not ready".into(),
             }),
         }
     }

@@ -266,9 +266,13 @@ impl<W: Write> Shell<W> {
             }
             Dot::Tables(pattern) => {
                 let like = sql_string(pattern.as_deref().unwrap_or("%"));
+                // The user's tables, tablix's views of system state (in
+                // temp), and its raw tables (root's) as mem.NAME.
                 let names = self.rows(format!(
                     "SELECT name FROM main.sqlite_schema WHERE type IN ('table', 'view') \
                      AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name LIKE {like} \
+                     UNION ALL SELECT name FROM temp.sqlite_schema WHERE type = 'view' \
+                     AND name LIKE {like} \
                      UNION ALL SELECT 'mem.' || name FROM mem.sqlite_schema \
                      WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
                      AND name LIKE {like} ORDER BY 1"

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tablix_api::{ApiConfig, ServerInfo, router};
+use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router, serve};
 use tablix_shell::{Client, Mode, Shell, ShellError};
 use tablix_store::{Store, StoreConfig};
 
@@ -21,23 +21,36 @@ fn server() -> Server {
         .enable_all()
         .build()
         .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+    let endpoint = rt
+        .block_on(Endpoint::tcp("127.0.0.1:0".parse().unwrap(), None))
         .unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let addr = endpoint.local_addr().unwrap().to_string();
     let info = ServerInfo {
         version: "test".into(),
         pid: 0,
         http_addr: addr.clone(),
         pcache: "sqlite".into(),
+        socket: None,
+        mount: None,
+        tls: false,
     };
-    let app = router(store, info, ApiConfig::default());
-    rt.spawn(async move { axum::serve(listener, app).await });
+    let app = router(
+        store,
+        info,
+        ApiConfig::default(),
+        Arc::new(AuthFile::default()),
+    );
+    rt.spawn(serve(
+        vec![endpoint],
+        app,
+        std::future::pending(),
+        std::time::Duration::from_secs(1),
+    ));
     Server { addr, dir, _rt: rt }
 }
 
 fn run(s: &Server, mode: Mode, text: &str) -> (Result<(), ShellError>, String) {
-    let mut shell = Shell::new(Client::new(s.addr.clone()), Vec::new());
+    let mut shell = Shell::new(Client::tcp(&s.addr, None).unwrap(), Vec::new());
     shell.set_mode(mode);
     let r = shell.run_batch(text);
     (r, String::from_utf8(shell.into_output()).unwrap())
@@ -54,7 +67,7 @@ fn tables_schema_and_modes() {
     r.unwrap();
     assert_eq!(
         out,
-        "a  b  files  mem.daemon  mem.pid_pipe  mem.pid_store  mem.pipe  mem.pipe_data  mem.pipes  mem.processes  tablix_block  tablix_blocks  tablix_dirent  tablix_inode  tablix_meta  tablix_symlink  tablix_xattr\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n"
+        "a  b  daemon  files  mem.daemon  mem.pid_pipe  mem.pipe  mem.pipe_data  mem.processes  pid_pipe  pid_store  pipes  processes  tablix_block  tablix_blocks  tablix_dirent  tablix_inode  tablix_meta  tablix_symlink  tablix_xattr\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n"
     );
     let (r, out) = run(
         &s,

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::principal::Principal;
+
 /// A value bound to or read from SQL.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Value {
@@ -66,6 +68,9 @@ pub enum Command {
     Sql {
         statements: Vec<Statement>,
         transaction: bool,
+        /// Whom the statements run as: what the authorizer and the views
+        /// of system state apply.
+        principal: Principal,
     },
     /// Records the daemon that owns the data directory.
     SetDaemon(DaemonRecord),
@@ -85,6 +90,17 @@ impl Command {
             self,
             Command::SetDaemon(_) | Command::Pipe(_) | Command::Proc(_)
         )
+    }
+
+    /// What kind of Command this is, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Sql { .. } => "a SQL command",
+            Command::SetDaemon(_) => "a daemon record",
+            Command::Fs(_) => "a file-system command",
+            Command::Pipe(_) => "a pipe command",
+            Command::Proc(_) => "a process-table command",
+        }
     }
 }
 

@@ -47,7 +47,32 @@ pub struct StoreConfig {
     /// The SQLite VFS under the store's connections (the platform's if
     /// None); tests name a fault-injecting one.
     pub vfs: Option<String>,
+    /// Longest a read request's statements may run, together.
+    pub read_timeout: Duration,
+    /// Longest a write request's statements may hold the writer, together.
+    pub write_timeout: Duration,
+    /// Largest result of one request, in bytes as sent; also the largest
+    /// value user SQL can build.
+    pub max_result_bytes: usize,
+    /// SQLite's heap limit for the whole process, in bytes (0: none).
+    pub memory_limit: u64,
+    /// The WAL is checkpointed and cut back once it grows past this.
+    pub wal_limit: u64,
+    /// What /proc hides from other users (None: read it from this
+    /// system's /proc mount).
+    pub proc_visibility: Option<crate::sandbox::ProcVisibility>,
 }
+
+/// Default of [`StoreConfig::read_timeout`].
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`StoreConfig::write_timeout`].
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default of [`StoreConfig::max_result_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 << 20;
+/// Default of [`StoreConfig::memory_limit`]: 1 GiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
+/// Default of [`StoreConfig::wal_limit`]: 64 MiB.
+pub const DEFAULT_WAL_LIMIT: u64 = 64 << 20;
 
 impl StoreConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> StoreConfig {
@@ -58,6 +83,30 @@ impl StoreConfig {
             max_batch: 1024,
             flush_interval: Duration::from_millis(200),
             vfs: None,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
+            memory_limit: DEFAULT_MEMORY_LIMIT,
+            wal_limit: DEFAULT_WAL_LIMIT,
+            proc_visibility: None,
+        }
+    }
+
+    /// The bounds of a read request that asks for nothing tighter.
+    pub fn read_limits(&self) -> crate::budget::Limits {
+        crate::budget::Limits {
+            timeout: self.read_timeout,
+            max_result_bytes: self.max_result_bytes,
+            cancel: crate::budget::Cancel::new(),
+        }
+    }
+
+    /// The bounds of a write request that asks for nothing tighter.
+    pub fn write_limits(&self) -> crate::budget::Limits {
+        crate::budget::Limits {
+            timeout: self.write_timeout,
+            max_result_bytes: self.max_result_bytes,
+            cancel: crate::budget::Cancel::new(),
         }
     }
 

@@ -26,6 +26,14 @@ pub enum StoreError {
     NotTablix { path: PathBuf, found: i64 },
     #[error("opening the store failed: {0}")]
     Open(String),
+    #[error(
+        "{path} is damaged: {detail}; the daemon will not serve it. Stop here, keep a copy of the data directory, and run `tablix fsck --data {}` to see what it finds",
+        path.parent().map(|p| p.display().to_string()).unwrap_or_default()
+    )]
+    Malformed { path: PathBuf, detail: String },
+    /// Every connection that could serve the request stayed busy.
+    #[error("tablix is busy: {0}")]
+    Busy(String),
     #[error("{0}")]
     Apply(String),
     #[error("commit failed, nothing in this group was applied: {0}")]

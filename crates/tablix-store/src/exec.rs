@@ -1,132 +1,325 @@
-//! Running one user statement on a connection.
+//! Running user statements on a sandboxed connection, handing each
+//! result to a [`Sink`] as it is produced: rows are never gathered by the
+//! store, so a reader can stream them to its client and the result's size
+//! is bounded where it is written.
 
 use std::time::Instant;
 
-use rusqlite::Connection;
 use rusqlite::types::ValueRef;
 
+use crate::audit;
 use crate::command::{Params, Statement, Value};
 use crate::outcome::{Rows, StatementOutcome, StatementResult};
-use crate::policy::{Policy, error_message};
+use crate::policy::error_message;
+use crate::sandbox::UserConn;
+use crate::sqltext;
 
-/// Runs `st` on `conn`. Errors become [`StatementResult::Error`]; they never
-/// escape, so the caller decides what an error means for its transaction.
-pub(crate) fn run(conn: &Connection, policy: &Policy, st: &Statement) -> StatementOutcome {
+/// One value of a result row, borrowed from SQLite.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Cell<'a> {
+    Null,
+    Integer(i64),
+    Real(f64),
+    /// Text as SQLite stores it (UTF-8, unchecked).
+    Text(&'a [u8]),
+    Blob(&'a [u8]),
+}
+
+impl<'a> From<ValueRef<'a>> for Cell<'a> {
+    fn from(v: ValueRef<'a>) -> Cell<'a> {
+        match v {
+            ValueRef::Null => Cell::Null,
+            ValueRef::Integer(i) => Cell::Integer(i),
+            ValueRef::Real(f) => Cell::Real(f),
+            ValueRef::Text(t) => Cell::Text(t),
+            ValueRef::Blob(b) => Cell::Blob(b),
+        }
+    }
+}
+
+impl Cell<'_> {
+    fn storage_class(&self) -> &'static str {
+        match self {
+            Cell::Null => "",
+            Cell::Integer(_) => "integer",
+            Cell::Real(_) => "real",
+            Cell::Text(_) => "text",
+            Cell::Blob(_) => "blob",
+        }
+    }
+
+    /// Bytes the value takes, for bounding collected results.
+    fn size(&self) -> usize {
+        match self {
+            Cell::Null => 4,
+            Cell::Integer(_) | Cell::Real(_) => 8,
+            Cell::Text(b) | Cell::Blob(b) => b.len(),
+        }
+    }
+
+    fn to_value(self) -> Value {
+        match self {
+            Cell::Null => Value::Null,
+            Cell::Integer(i) => Value::Integer(i),
+            Cell::Real(f) => Value::Real(f),
+            Cell::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+            Cell::Blob(b) => Value::Blob(b.to_vec()),
+        }
+    }
+}
+
+/// Why a sink takes no more.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The result outgrew its bound: the message becomes the statement's
+    /// error and the request ends there.
+    TooLarge(String),
+    /// Nobody reads the result any more (its client went away).
+    Gone,
+}
+
+/// Where results go. For each statement: `columns`, any number of `row`s,
+/// then `end_rows` or `error` (an error may follow rows); or `executed`,
+/// or `error`; then `end_statement`.
+pub trait Sink {
+    fn columns(&mut self, names: &[String]) -> Result<(), Stop>;
+    fn row(&mut self, cells: &[Cell<'_>]) -> Result<(), Stop>;
+    /// The columns' types: declared, else the storage class of the first
+    /// non-NULL value, else "".
+    fn end_rows(&mut self, types: &[String]) -> Result<(), Stop>;
+    fn executed(&mut self, last_insert_id: i64, rows_affected: u64) -> Result<(), Stop>;
+    fn error(&mut self, message: &str) -> Result<(), Stop>;
+    fn end_statement(&mut self, seconds: f64) -> Result<(), Stop>;
+}
+
+/// The message for a result over `limit` bytes.
+pub(crate) fn too_large(limit: usize) -> String {
+    format!(
+        "the result is larger than the limit of {limit} bytes (--max-result-bytes); select fewer rows or columns, or read large values in pieces (substr, file_data(path, offset, length))"
+    )
+}
+
+/// Runs one user statement. `Ok(failed)` says whether it failed (its
+/// error went to the sink); `Err` means the request must end here.
+pub(crate) fn run(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool, Stop> {
     let started = Instant::now();
-    let result = match run_inner(conn, policy, st) {
-        Ok(r) => r,
-        Err(message) => StatementResult::Error(message),
+    let r = run_inner(uc, st, sink);
+    let seconds = started.elapsed().as_secs_f64();
+    match r {
+        Ok(failed) => {
+            sink.end_statement(seconds)?;
+            Ok(failed)
+        }
+        Err(Stop::TooLarge(m)) => {
+            sink.error(&m)?;
+            sink.end_statement(seconds)?;
+            Err(Stop::TooLarge(m))
+        }
+        Err(Stop::Gone) => Err(Stop::Gone),
+    }
+}
+
+/// What user SQL may not contain, whatever it does: a NUL byte (SQLite
+/// would stop reading there) and a CTE named like a system view.
+fn precheck(uc: &UserConn, sql: &str) -> Option<String> {
+    if sql.trim().is_empty() {
+        return Some("empty statement".into());
+    }
+    if let Some(at) = sqltext::nul_offset(sql) {
+        return Some(format!(
+            "the statement contains a NUL byte at offset {at}; SQLite would ignore everything after it"
+        ));
+    }
+    let rules = uc.policy.rules();
+    sqltext::defined_name(sql, |n| rules.is_reserved(n)).map(|name| {
+        format!(
+            "a common table expression may not be named {name:?}: the name is reserved for tablix"
+        )
+    })
+}
+
+fn run_inner(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool, Stop> {
+    if let Some(m) = precheck(uc, &st.sql) {
+        sink.error(&m)?;
+        return Ok(true);
+    }
+    let _enforcing = uc.enforce();
+    uc.policy.take_ddl();
+    let mut stmt = match uc.conn.prepare(&st.sql) {
+        Ok(s) => s,
+        Err(e) => {
+            sink.error(&uc.policy.describe(&e))?;
+            return Ok(true);
+        }
     };
-    StatementOutcome {
-        result,
-        seconds: started.elapsed().as_secs_f64(),
+    if let Err(m) = bind(&mut stmt, &st.params) {
+        sink.error(&m)?;
+        return Ok(true);
     }
-}
-
-fn run_inner(
-    conn: &Connection,
-    policy: &Policy,
-    st: &Statement,
-) -> Result<StatementResult, String> {
-    if st.sql.trim().is_empty() {
-        return Err("empty statement".into());
+    if !uc.policy.take_ddl() {
+        return step(uc, &mut stmt, sink);
     }
-    let mut stmt = conn.prepare(&st.sql).map_err(|e| policy.describe(&e))?;
-    run_prepared_inner(conn, policy, &mut stmt, &st.params)
-}
-
-/// Runs a statement already prepared on `conn` with `params`.
-pub(crate) fn run_prepared(
-    conn: &Connection,
-    policy: &Policy,
-    stmt: &mut rusqlite::Statement<'_>,
-    params: &Params,
-) -> StatementOutcome {
-    let started = Instant::now();
-    let result = match run_prepared_inner(conn, policy, stmt, params) {
-        Ok(r) => r,
-        Err(message) => StatementResult::Error(message),
+    // A schema change: undone unless what it changed passes the audit.
+    let before = match uc.own(|c| {
+        let s = audit::snapshot(c)?;
+        c.execute_batch("SAVEPOINT tablix_ddl")?;
+        Ok::<_, rusqlite::Error>(s)
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            sink.error(&error_message(&e))?;
+            return Ok(true);
+        }
     };
-    StatementOutcome {
-        result,
-        seconds: started.elapsed().as_secs_f64(),
+    let mut held = HeldDdl::default();
+    let failed = step(uc, &mut stmt, &mut held)?;
+    drop(stmt);
+    let verdict = if failed {
+        Err(None)
+    } else {
+        uc.own(|c| audit::check(c, &before, uc.policy.rules()))
+            .map_err(Some)
+    };
+    let end = uc.own(|c| {
+        if c.is_autocommit() {
+            return Ok(());
+        }
+        if verdict.is_err() {
+            c.execute_batch("ROLLBACK TO tablix_ddl")?;
+        }
+        c.execute_batch("RELEASE tablix_ddl")
+    });
+    if let Err(e) = end {
+        sink.error(&error_message(&e))?;
+        return Ok(true);
+    }
+    match verdict {
+        Ok(()) => {
+            held.replay(sink)?;
+            Ok(false)
+        }
+        Err(None) => {
+            held.replay(sink)?;
+            Ok(true)
+        }
+        Err(Some(m)) => {
+            sink.error(&m)?;
+            Ok(true)
+        }
     }
 }
 
-fn run_prepared_inner(
-    conn: &Connection,
-    policy: &Policy,
+/// A schema change's own result, held until the audit has spoken.
+#[derive(Default)]
+struct HeldDdl {
+    executed: Option<(i64, u64)>,
+    error: Option<String>,
+}
+
+impl HeldDdl {
+    fn replay(self, sink: &mut dyn Sink) -> Result<(), Stop> {
+        if let Some(e) = self.error {
+            return sink.error(&e);
+        }
+        let (id, n) = self.executed.unwrap_or((0, 0));
+        sink.executed(id, n)
+    }
+}
+
+impl Sink for HeldDdl {
+    fn columns(&mut self, _: &[String]) -> Result<(), Stop> {
+        Ok(())
+    }
+    fn row(&mut self, _: &[Cell<'_>]) -> Result<(), Stop> {
+        Ok(())
+    }
+    fn end_rows(&mut self, _: &[String]) -> Result<(), Stop> {
+        Ok(())
+    }
+    fn executed(&mut self, id: i64, n: u64) -> Result<(), Stop> {
+        self.executed = Some((id, n));
+        Ok(())
+    }
+    fn error(&mut self, m: &str) -> Result<(), Stop> {
+        self.error = Some(m.to_string());
+        Ok(())
+    }
+    fn end_statement(&mut self, _: f64) -> Result<(), Stop> {
+        Ok(())
+    }
+}
+
+/// The message for a failure while stepping: the guard's reason if it
+/// interrupted the statement.
+fn step_error(uc: &UserConn, e: &rusqlite::Error) -> String {
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::OperationInterrupted)
+        && let Some(why) = uc.guard.interruption()
+    {
+        return why;
+    }
+    uc.policy.describe(e)
+}
+
+fn step(
+    uc: &UserConn,
     stmt: &mut rusqlite::Statement<'_>,
-    params: &Params,
-) -> Result<StatementResult, String> {
-    bind(stmt, params)?;
+    sink: &mut dyn Sink,
+) -> Result<bool, Stop> {
+    let conn = &uc.conn;
     let width = stmt.column_count();
     if width == 0 {
         let before = conn.total_changes();
-        stmt.raw_execute().map_err(|e| policy.describe(&e))?;
-        // sqlite3_changes() keeps its old value across statements that change
-        // no rows (DDL among them), so it counts only if this statement
-        // changed something; it excludes rows changed by triggers.
+        if let Err(e) = stmt.raw_execute() {
+            sink.error(&step_error(uc, &e))?;
+            return Ok(true);
+        }
+        // sqlite3_changes() keeps its old value across statements that
+        // change no rows (DDL among them), so it counts only if this
+        // statement changed something; it excludes rows changed by
+        // triggers.
         let rows_affected = if conn.total_changes() == before {
             0
         } else {
             conn.changes()
         };
-        return Ok(StatementResult::Executed {
-            last_insert_id: conn.last_insert_rowid(),
-            rows_affected,
-        });
+        sink.executed(conn.last_insert_rowid(), rows_affected)?;
+        return Ok(false);
     }
-    let columns: Vec<String> = stmt.column_names().map(|c| c.to_string()).collect();
+    let names: Vec<String> = stmt.column_names().map(|c| c.to_string()).collect();
     let mut types: Vec<String> = stmt
         .columns()
         .map(|c| c.decl_type().unwrap_or("").to_ascii_lowercase())
         .collect();
-    let mut values = Vec::new();
+    sink.columns(&names)?;
     let mut rows = stmt.raw_query();
-    while let Some(row) = rows.next().map_err(|e| policy.describe(&e))? {
-        let mut out = Vec::with_capacity(width);
+    loop {
+        let row = match rows.next() {
+            Ok(Some(row)) => row,
+            Ok(None) => break,
+            Err(e) => {
+                sink.error(&step_error(uc, &e))?;
+                return Ok(true);
+            }
+        };
+        let mut cells: Vec<Cell<'_>> = Vec::with_capacity(width);
         for i in 0..width {
-            let v = row.get_ref(i).map_err(|e| error_message(&e))?;
-            out.push(to_value(v));
+            match row.get_ref(i) {
+                Ok(v) => cells.push(v.into()),
+                Err(e) => {
+                    sink.error(&error_message(&e))?;
+                    return Ok(true);
+                }
+            }
         }
-        values.push(out);
-    }
-    for (i, ty) in types.iter_mut().enumerate() {
-        if ty.is_empty()
-            && let Some(v) = values
-                .iter()
-                .map(|r: &Vec<Value>| &r[i])
-                .find(|v| **v != Value::Null)
-        {
-            *ty = storage_class(v).to_string();
+        for (ty, cell) in types.iter_mut().zip(&cells) {
+            if ty.is_empty() {
+                *ty = cell.storage_class().to_string();
+            }
         }
+        sink.row(&cells)?;
     }
-    Ok(StatementResult::Rows(Rows {
-        columns,
-        types,
-        values,
-    }))
-}
-
-fn storage_class(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "",
-        Value::Integer(_) => "integer",
-        Value::Real(_) => "real",
-        Value::Text(_) => "text",
-        Value::Blob(_) => "blob",
-    }
-}
-
-fn to_value(v: ValueRef<'_>) -> Value {
-    match v {
-        ValueRef::Null => Value::Null,
-        ValueRef::Integer(i) => Value::Integer(i),
-        ValueRef::Real(f) => Value::Real(f),
-        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
-    }
+    sink.end_rows(&types)?;
+    Ok(false)
 }
 
 fn to_sql(v: &Value) -> rusqlite::types::Value {
@@ -199,107 +392,81 @@ fn bind(stmt: &mut rusqlite::Statement<'_>, params: &Params) -> Result<(), Strin
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A sink that gathers results, within a byte bound: for the writer, whose
+/// results wait for the commit, and for callers that want them whole.
+pub(crate) struct Collect {
+    limit: usize,
+    used: usize,
+    pub(crate) outcomes: Vec<StatementOutcome>,
+    result: Option<StatementResult>,
+    rows: Rows,
+}
 
-    fn setup() -> (Connection, Policy) {
-        let mut conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, n REAL)")
-            .unwrap();
-        let policy = Policy::install(&mut conn, true).unwrap();
-        (conn, policy)
-    }
-
-    fn err(conn: &Connection, p: &Policy, st: Statement) -> String {
-        match run(conn, p, &st).result {
-            StatementResult::Error(m) => m,
-            other => panic!("expected an error, got {other:?}"),
+impl Collect {
+    pub(crate) fn new(limit: usize) -> Collect {
+        Collect {
+            limit,
+            used: 0,
+            outcomes: Vec::new(),
+            result: None,
+            rows: Rows::default(),
         }
     }
 
-    #[test]
-    fn executes_binds_and_reads() {
-        let (conn, p) = setup();
-        let r = run(
-            &conn,
-            &p,
-            &Statement::with_params(
-                "INSERT INTO t(name, n) VALUES (?, ?)",
-                Params::Positional(vec![Value::Text("fiona".into()), Value::Real(1.5)]),
-            ),
-        );
-        assert_eq!(
-            r.result,
-            StatementResult::Executed {
-                last_insert_id: 1,
-                rows_affected: 1
-            }
-        );
-        let r = run(
-            &conn,
-            &p,
-            &Statement::with_params(
-                "INSERT INTO t(name) VALUES (:name)",
-                Params::Named(vec![("name".into(), Value::Text("declan".into()))]),
-            ),
-        );
-        assert!(!r.result.is_error(), "{r:?}");
-        let r = run(
-            &conn,
-            &p,
-            &Statement::new("SELECT id, name, n, 1+1 AS two FROM t"),
-        );
-        let StatementResult::Rows(rows) = r.result else {
-            panic!("{r:?}")
+    fn charge(&mut self, bytes: usize) -> Result<(), Stop> {
+        self.used = self.used.saturating_add(bytes);
+        if self.used > self.limit {
+            Err(Stop::TooLarge(too_large(self.limit)))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Sink for Collect {
+    fn columns(&mut self, names: &[String]) -> Result<(), Stop> {
+        self.charge(names.iter().map(String::len).sum())?;
+        self.rows = Rows {
+            columns: names.to_vec(),
+            ..Rows::default()
         };
-        assert_eq!(rows.columns, ["id", "name", "n", "two"]);
-        assert_eq!(rows.types, ["integer", "text", "real", "integer"]);
-        assert_eq!(
-            rows.values[1],
-            [
-                Value::Integer(2),
-                Value::Text("declan".into()),
-                Value::Null,
-                Value::Integer(2)
-            ]
-        );
+        Ok(())
     }
 
-    #[test]
-    fn parameter_mistakes_are_clear() {
-        let (conn, p) = setup();
-        let m = err(&conn, &p, Statement::new("INSERT INTO t(name) VALUES (?)"));
-        assert!(m.contains("1 parameter but no values"), "{m}");
-        let m = err(
-            &conn,
-            &p,
-            Statement::with_params("INSERT INTO t(name) VALUES (?)", Params::Positional(vec![])),
-        );
-        assert!(m.contains("but 0 values were given"), "{m}");
-        let m = err(
-            &conn,
-            &p,
-            Statement::with_params(
-                "INSERT INTO t(name) VALUES (:name)",
-                Params::Named(vec![
-                    ("name".into(), Value::Null),
-                    ("nmae".into(), Value::Null),
-                ]),
-            ),
-        );
-        assert!(m.contains("unknown parameter \"nmae\""), "{m}");
-        let m = err(
-            &conn,
-            &p,
-            Statement::with_params("INSERT INTO t(name) VALUES (:name)", Params::Named(vec![])),
-        );
-        assert!(m.contains("no value given for parameter :name"), "{m}");
-        let m = err(&conn, &p, Statement::new("SELEC 1"));
-        assert!(m.contains("syntax error"), "{m}");
-        let m = err(&conn, &p, Statement::new("SELECT 1; SELECT 2"));
-        assert!(m.contains("one statement"), "{m}");
-        let m = err(&conn, &p, Statement::new("  "));
-        assert_eq!(m, "empty statement");
+    fn row(&mut self, cells: &[Cell<'_>]) -> Result<(), Stop> {
+        self.charge(cells.iter().map(Cell::size).sum())?;
+        self.rows
+            .values
+            .push(cells.iter().map(|c| c.to_value()).collect());
+        Ok(())
+    }
+
+    fn end_rows(&mut self, types: &[String]) -> Result<(), Stop> {
+        self.rows.types = types.to_vec();
+        self.result = Some(StatementResult::Rows(std::mem::take(&mut self.rows)));
+        Ok(())
+    }
+
+    fn executed(&mut self, last_insert_id: i64, rows_affected: u64) -> Result<(), Stop> {
+        self.result = Some(StatementResult::Executed {
+            last_insert_id,
+            rows_affected,
+        });
+        Ok(())
+    }
+
+    fn error(&mut self, message: &str) -> Result<(), Stop> {
+        self.rows = Rows::default();
+        self.result = Some(StatementResult::Error(message.to_string()));
+        Ok(())
+    }
+
+    fn end_statement(&mut self, seconds: f64) -> Result<(), Stop> {
+        let result = self
+            .result
+            .take()
+            .unwrap_or_else(|| StatementResult::Error("the statement produced no result".into()));
+        self.outcomes.push(StatementOutcome { result, seconds });
+        Ok(())
     }
 }

@@ -16,27 +16,42 @@
 //! clock or a random source: the time and random seed a Command needs travel
 //! inside its [`Stamp`].
 
-mod apply;
+mod audit;
+mod budget;
 mod command;
 mod config;
 mod error;
 mod exec;
+mod file_data;
+mod fs_writer;
+mod group;
 mod lock;
 mod outcome;
 mod policy;
+mod principal;
 mod readers;
+mod sandbox;
 mod schema;
+mod sql_writer;
+mod sqltext;
 mod stamp;
 mod stats;
 mod store;
 mod volatile;
 mod writer;
 
+pub use budget::{Cancel, Limits};
 pub use command::{Command, DaemonRecord, Params, Stamp, Stamped, Statement, Value};
-pub use config::{Durability, StoreConfig};
+pub use config::{
+    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT, DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT,
+    DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
+};
 pub use error::StoreError;
+pub use exec::{Cell, Sink, Stop};
 pub use outcome::{Applied, Rows, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
+pub use principal::{MAY_EXEC, MAY_READ, MAY_WRITE, Principal};
+pub use sandbox::ProcVisibility;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Store, Ticket};

@@ -30,9 +30,73 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         sql: tablix_fs::schema::SCHEMA,
     },
+    Migration {
+        version: 3,
+        sql: tablix_fs::schema::MIGRATION_3,
+    },
 ];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 2;
+pub const LATEST_SCHEMA_VERSION: u32 = 3;
+
+/// The system tables checked at every start, when they exist: small next
+/// to the data blocks and user tables, which `tablix fsck` checks whole.
+const QUICK_CHECKED: &[&str] = &[
+    "tablix_meta",
+    "tablix_inode",
+    "tablix_dirent",
+    "tablix_symlink",
+    "tablix_xattr",
+];
+
+/// Refuses a database whose header, schema or system tables are damaged,
+/// before anything writes to it.
+pub(crate) fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let malformed = |detail: String| StoreError::Malformed {
+        path: path.to_path_buf(),
+        detail,
+    };
+    let damaged = |e: &rusqlite::Error| {
+        matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+        )
+    };
+    let tables: Vec<String> = (|| {
+        let mut st = conn.prepare("SELECT name FROM main.sqlite_schema WHERE type = 'table'")?;
+        let rows = st.query_map([], |r| r.get(0))?;
+        rows.collect::<rusqlite::Result<Vec<String>>>()
+    })()
+    .map_err(|e| {
+        if damaged(&e) {
+            malformed(crate::policy::error_message(&e))
+        } else {
+            StoreError::from(e)
+        }
+    })?;
+    for table in QUICK_CHECKED
+        .iter()
+        .filter(|t| tables.iter().any(|n| n == *t))
+    {
+        let found: Vec<String> = (|| {
+            let mut st = conn.prepare(&format!("PRAGMA main.quick_check({table})"))?;
+            let rows = st.query_map([], |r| r.get(0))?;
+            rows.collect::<rusqlite::Result<Vec<String>>>()
+        })()
+        .map_err(|e| {
+            malformed(format!(
+                "checking {table}: {}",
+                crate::policy::error_message(&e)
+            ))
+        })?;
+        if found != ["ok"] {
+            return Err(malformed(format!(
+                "quick_check of {table}: {}",
+                found.into_iter().take(3).collect::<Vec<_>>().join("; ")
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Volatile state, created afresh in the memory database at every start
 /// (unqualified: created on a connection that has it as `main`).
@@ -67,6 +131,11 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
             supported: LATEST_SCHEMA_VERSION,
         });
     }
+    // Migrations rename and drop their own tables: objects others defined
+    // (a view or foreign key of a user's, from before the sandbox) must
+    // neither be rewritten nor stop them.
+    conn.pragma_update(None, "legacy_alter_table", true)?;
+    conn.pragma_update(None, "foreign_keys", false)?;
     for m in MIGRATIONS.iter().filter(|m| m.version > version) {
         let tx = conn.unchecked_transaction()?;
         tx.execute_batch(m.sql)?;
@@ -75,6 +144,7 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
         tx.commit()?;
         tracing::info!(version = m.version, "applied schema migration");
     }
+    conn.pragma_update(None, "legacy_alter_table", false)?;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub failed_commits: AtomicU64,
     pub flushes: AtomicU64,
     pub reads: AtomicU64,
+    pub wal_truncations: AtomicU64,
 }
 
 impl Counters {
@@ -30,7 +31,10 @@ impl Counters {
             failed_commits: get(&self.failed_commits),
             flushes: get(&self.flushes),
             reads: get(&self.reads),
+            wal_truncations: get(&self.wal_truncations),
             memory_locks: MemoryLockStats::default(),
+            sqlite_heap_bytes: 0,
+            sqlite_heap_peak_bytes: 0,
         }
     }
 }
@@ -50,8 +54,13 @@ pub struct StoreStats {
     pub failed_commits: u64,
     /// Explicit fsyncs of the WAL (async mode and flush requests).
     pub flushes: u64,
-    /// Read transactions run on the reader pool.
+    /// Read transactions run on the reader pools.
     pub reads: u64,
+    /// Times the WAL outgrew its bound and was checkpointed and cut back.
+    pub wal_truncations: u64,
+    /// SQLite's heap now and at its highest (bytes).
+    pub sqlite_heap_bytes: i64,
+    pub sqlite_heap_peak_bytes: i64,
     /// Lock waits on the memory database (its blocking VFS).
     pub memory_locks: MemoryLockStats,
 }

@@ -1,6 +1,7 @@
 //! The public face of the store.
 
 use std::future::Future;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -8,21 +9,30 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
+use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::apply::Applier;
+use crate::budget::{Limits, Watchdog};
 use crate::command::{Command, Stamp, Stamped, Statement};
 use crate::config::StoreConfig;
 use crate::error::StoreError;
+use crate::exec::{self, Collect, Sink};
+use crate::fs_writer::FsWriter;
 use crate::lock::DirLock;
 use crate::outcome::{Applied, StatementOutcome};
-use crate::readers::Readers;
+use crate::principal::Principal;
+use crate::readers::{self, Pool};
+use crate::sandbox::{ProcVisibility, Role, Setup, UserConn};
+use crate::sql_writer::SqlWriter;
 use crate::stats::{Counters, StoreStats};
 use crate::volatile::Volatile;
 use crate::writer::{Request, Writer};
 
 /// Distinguishes the memory databases of stores opened in one process.
 static NEXT_MEMORY_DB: AtomicU64 = AtomicU64::new(0);
+
+/// Connections serving the file system's reads.
+const FS_READERS: usize = 4;
 
 /// An answer that arrives once the writer has committed (or failed).
 pub struct Ticket<T> {
@@ -55,36 +65,116 @@ impl<T> Future for Ticket<T> {
 /// long as it is open.
 pub struct Store {
     config: StoreConfig,
-    /// The writer connection: the writer thread applies groups on it, and
-    /// in async mode file-system Commands are applied on it directly.
-    applier: Arc<Mutex<Applier>>,
+    /// The file system's writer connection: the writer thread applies its
+    /// groups on it, and in async mode file-system Commands are applied
+    /// on it directly.
+    fs: Arc<Mutex<FsWriter>>,
+    /// One write transaction at a time on the persistent database.
+    turn: Arc<Mutex<()>>,
     tx: Mutex<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    readers: Readers,
-    volatile: Volatile,
+    /// User SQL's read-only connections.
+    readers: Pool<UserConn>,
+    /// The file system's read-only connections.
+    fs_readers: Pool<Connection>,
+    /// Tells statements that only read from those that need the writer.
+    classifier: Mutex<UserConn>,
+    volatile: Arc<Volatile>,
+    watchdog: Arc<Watchdog>,
     counters: Arc<Counters>,
     _lock: DirLock,
+}
+
+/// Creates the database file (0600, which SQLite gives its WAL too) and
+/// takes those permissions from any file more open, so that no other user
+/// can read the rows behind SQL's back. (A new data directory is made
+/// 0711: others may reach the daemon's socket in it, not list it.)
+fn prepare_data_dir(config: &StoreConfig) -> Result<(), StoreError> {
+    let dir = &config.data_dir;
+    let err = |source| StoreError::DataDir {
+        path: dir.clone(),
+        source,
+    };
+    let db = config.database_path();
+    for path in [
+        db.clone(),
+        db.with_extension("db-wal"),
+        db.with_extension("db-shm"),
+    ] {
+        if let Ok(m) = std::fs::metadata(&path)
+            && m.permissions().mode() & 0o077 != 0
+        {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        }
+    }
+    if !db.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&db)
+            .map_err(err)?;
+    }
+    Ok(())
 }
 
 impl Store {
     /// Opens (creating on first use) the data directory and starts the writer.
     pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| StoreError::DataDir {
-            path: config.data_dir.clone(),
-            source,
-        })?;
+        if !config.data_dir.exists() {
+            std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o711,
+            )
+            .create(&config.data_dir)
+            .map_err(|source| StoreError::DataDir {
+                path: config.data_dir.clone(),
+                source,
+            })?;
+        }
         let lock = DirLock::acquire(&config.data_dir)?;
-        let volatile = Volatile::open(&format!(
+        prepare_data_dir(&config)?;
+        if config.memory_limit > 0 {
+            let hard = config.memory_limit.min(i64::MAX as u64) as i64;
+            tablix_vfs::set_heap_limits(hard / 4 * 3, hard);
+        }
+        let volatile = Arc::new(Volatile::open(&format!(
             "tablix-mem-{}-{}",
             std::process::id(),
             NEXT_MEMORY_DB.fetch_add(1, Ordering::Relaxed)
-        ))?;
-        let applier = Arc::new(Mutex::new(Applier::open(&config, volatile.uri())?));
-        let readers = Readers::open(&config, volatile.uri())?;
+        ))?);
+        // The file system's writer first: it checks and migrates the
+        // database before anything else opens it.
+        let fs = Arc::new(Mutex::new(FsWriter::open(&config)?));
+        let image = volatile.image()?;
+        let rules = Arc::new(crate::sandbox::discover_rules(&image)?);
+        let watchdog = Watchdog::start(Arc::new(std::sync::atomic::AtomicBool::new(false)))?;
+        let setup = Setup {
+            config: config.clone(),
+            rules,
+            visibility: config
+                .proc_visibility
+                .unwrap_or_else(ProcVisibility::of_this_system),
+            watchdog: Arc::clone(&watchdog),
+        };
+        let mut readers = Vec::with_capacity(config.readers.max(1));
+        for _ in 0..config.readers.max(1) {
+            readers.push(UserConn::open(&setup, Role::Reader, &image)?);
+        }
+        let readers = Pool::new(readers, "SQL reader");
+        let fs_readers = readers::open_fs_readers(&config, FS_READERS)?;
+        let classifier = Mutex::new(UserConn::open(&setup, Role::Classifier, &image)?);
+        let sql = SqlWriter {
+            uc: UserConn::open(&setup, Role::Writer, &image)?,
+        };
         let counters = Arc::new(Counters::default());
+        let turn = Arc::new(Mutex::new(()));
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
-            applier: Arc::clone(&applier),
+            fs: Arc::clone(&fs),
+            sql,
+            turn: Arc::clone(&turn),
+            volatile: Arc::clone(&volatile),
             config: config.clone(),
             counters: Arc::clone(&counters),
         };
@@ -93,11 +183,15 @@ impl Store {
             .spawn(move || writer.run(rx))?;
         Ok(Store {
             config,
-            applier,
+            fs,
+            turn,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             readers,
+            fs_readers,
+            classifier,
             volatile,
+            watchdog,
             counters,
             _lock: lock,
         })
@@ -115,14 +209,20 @@ impl Store {
         }
     }
 
-    /// Queues a Command for the writer. The ticket resolves once the group
-    /// it joined has committed at the configured durability.
+    /// Queues a Command for the writer; SQL runs within the configured
+    /// write limits. The ticket resolves once the group it joined has
+    /// committed at the configured durability.
     pub fn submit(&self, stamped: Stamped) -> Ticket<Applied> {
+        self.submit_limited(stamped, self.config.write_limits())
+    }
+
+    /// [`Store::submit`], with a request's own bounds for its SQL.
+    pub fn submit_limited(&self, stamped: Stamped, limits: Limits) -> Ticket<Applied> {
         if stamped.command.is_volatile() {
             return Ticket::ready(self.apply_volatile(&stamped));
         }
         let (reply, rx) = oneshot::channel();
-        match self.send(Request::Apply(Box::new(stamped), reply)) {
+        match self.send(Request::Apply(Box::new(stamped), limits, reply)) {
             Ok(()) => Ticket { rx },
             Err(e) => Ticket::ready(Err(e)),
         }
@@ -165,10 +265,14 @@ impl Store {
         if self.config.durability == crate::config::Durability::Sync {
             return self.apply(stamp, Command::Fs(op));
         }
-        let mut applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
-        let began = !applier.has_pending();
-        let r = applier.apply_pending(&Stamped::new(stamp, Command::Fs(op)));
-        drop(applier);
+        // The turn first, so that waiting for it never holds the
+        // connection the mount's reads need.
+        let turn = self.turn.lock().map_err(|_| StoreError::Closed)?;
+        let mut fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
+        let began = !fs.has_pending();
+        let r = fs.apply_pending(&Stamped::new(stamp, Command::Fs(op)));
+        drop(fs);
+        drop(turn);
         Counters::add(&self.counters.commands, 1);
         if began {
             self.send(Request::Pending)?;
@@ -177,9 +281,10 @@ impl Store {
     }
 
     /// Runs tablix's own read-only SQL (`f`) on the newest state, including
-    /// operations of [`Store::apply_fs_now`] not committed yet: on the writer
-    /// connection in async mode, on the reader pool (see [`Store::read`])
-    /// in sync mode, where nothing acknowledged is uncommitted.
+    /// operations of [`Store::apply_fs_now`] not committed yet: on the
+    /// file system's writer connection in async mode, on the file system's
+    /// readers (see [`Store::read`]) in sync mode, where nothing
+    /// acknowledged is uncommitted.
     pub fn read_latest<R>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> R,
@@ -188,8 +293,8 @@ impl Store {
             return self.read(f);
         }
         Counters::add(&self.counters.reads, 1);
-        let applier = self.applier.lock().map_err(|_| StoreError::Closed)?;
-        Ok(f(applier.connection()))
+        let fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
+        Ok(f(fs.connection()))
     }
 
     /// Makes everything acknowledged so far durable, whatever the mode.
@@ -201,38 +306,101 @@ impl Store {
         }
     }
 
-    /// Runs read-only statements on one snapshot, on the reader pool.
-    pub fn query(&self, statements: &[Statement]) -> Result<Vec<StatementOutcome>, StoreError> {
-        Counters::add(&self.counters.reads, 1);
-        self.readers.query(statements)
-    }
-
-    /// Runs `statements` on the reader pool if they only read; None when
-    /// they need the writer (submit them as a Command instead).
-    pub fn query_if_read_only(
+    /// Runs read-only user statements as `principal` within the
+    /// configured read limits, on one snapshot, and gathers their results.
+    pub fn query(
         &self,
+        principal: &Principal,
         statements: &[Statement],
-    ) -> Result<Option<Vec<StatementOutcome>>, StoreError> {
-        let out = self.readers.query_if_read_only(statements)?;
-        if out.is_some() {
-            Counters::add(&self.counters.reads, 1);
-        }
-        Ok(out)
+    ) -> Result<Vec<StatementOutcome>, StoreError> {
+        let limits = self.config.read_limits();
+        let mut sink = Collect::new(limits.max_result_bytes);
+        self.query_into(principal, statements, &limits, &mut sink)?;
+        Ok(sink.outcomes)
     }
 
-    /// Runs tablix's own read-only SQL (`f`) on one snapshot of the reader
-    /// pool, with the SQL policy off: for crates that own tables of the
-    /// store, such as the file system.
+    /// Runs read-only user statements as `principal` within `limits`, on
+    /// one snapshot of a reader, handing results to `sink` as they come.
+    /// Waits for a reader at most the request's time limit.
+    pub fn query_into(
+        &self,
+        principal: &Principal,
+        statements: &[Statement],
+        limits: &Limits,
+        sink: &mut dyn Sink,
+    ) -> Result<(), StoreError> {
+        let mut lease = self.readers.acquire(limits.timeout)?;
+        Counters::add(&self.counters.reads, 1);
+        let rules = lease.policy.rules();
+        if statements.iter().any(|s| rules.mentions_memory(&s.sql))
+            && self.volatile.generation() != lease.mem_generation()
+        {
+            let image = self.volatile.image()?;
+            lease.refresh_mem(&image)?;
+        }
+        let uc: &UserConn = &lease;
+        let _running = uc.begin(principal, limits);
+        readers::in_snapshot(&uc.conn, |_| {
+            for st in statements {
+                if exec::run(uc, st, sink).is_err() {
+                    break;
+                }
+            }
+        })
+    }
+
+    /// Whether every statement only reads and returns rows, as `principal`
+    /// would run it: such a request can go to a reader; any other needs
+    /// the writer. Prepares, never runs, on a connection of its own.
+    pub fn classify(
+        &self,
+        principal: &Principal,
+        statements: &[Statement],
+    ) -> Result<bool, StoreError> {
+        let c = self.classifier.lock().map_err(|_| StoreError::Closed)?;
+        c.policy.set_principal(principal);
+        let _enforcing = c.enforce();
+        for st in statements {
+            if crate::sqltext::nul_offset(&st.sql).is_some() {
+                return Ok(false);
+            }
+            match c.conn.prepare(&st.sql) {
+                Ok(p) if p.readonly() && p.column_count() > 0 => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Runs tablix's own read-only SQL (`f`) on one snapshot of the file
+    /// system's readers, which no user query ever holds.
     pub fn read<R>(&self, f: impl FnOnce(&rusqlite::Connection) -> R) -> Result<R, StoreError> {
         Counters::add(&self.counters.reads, 1);
-        self.readers.read(f)
+        let lease = self
+            .fs_readers
+            .acquire(std::time::Duration::from_secs(60))?;
+        readers::in_snapshot(&lease, f)
     }
 
     pub fn stats(&self) -> StoreStats {
+        let (heap, peak) = tablix_vfs::heap_used();
         StoreStats {
             memory_locks: self.volatile.lock_stats().into(),
+            sqlite_heap_bytes: heap,
+            sqlite_heap_peak_bytes: peak,
             ..self.counters.snapshot()
         }
+    }
+
+    /// Whether the store still takes Commands.
+    pub fn is_open(&self) -> bool {
+        self.tx.lock().map(|t| t.is_some()).unwrap_or(false)
+    }
+
+    /// Interrupts every user statement running now and refuses new ones
+    /// (stopping the daemon): acknowledged writes are kept.
+    pub fn stop_statements(&self) {
+        self.watchdog.stop_all();
     }
 
     /// Stops accepting Commands, lets the writer finish every queued one,
@@ -242,12 +410,16 @@ impl Store {
             tx.take();
         }
         self.readers.close();
+        self.fs_readers.close();
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
-        if let Some(h) = handle {
-            h.join()
-                .map_err(|_| StoreError::Apply("the writer thread panicked".into()))?;
-        }
-        Ok(())
+        let joined = match handle {
+            Some(h) => h
+                .join()
+                .map_err(|_| StoreError::Apply("the writer thread panicked".into())),
+            None => Ok(()),
+        };
+        self.watchdog.close();
+        joined
     }
 }
 

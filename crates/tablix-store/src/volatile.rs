@@ -7,7 +7,8 @@
 //! can neither deadlock nor return SQLITE_BUSY). Nothing here is synced or
 //! replicated; it lives as long as the process.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, params};
 
@@ -27,6 +28,19 @@ pub(crate) struct Volatile {
     writer: Mutex<Connection>,
     /// Connections for tablix's own reads.
     idle: Mutex<Vec<Connection>>,
+    /// Bumped after every write transaction: which images are stale.
+    generation: AtomicU64,
+    /// The newest image made, and the scratch database images are made in.
+    image: Mutex<(Option<Arc<MemImage>>, Connection)>,
+}
+
+/// A copy of the memory database as of one generation: what connections
+/// that run user SQL read as `mem`, so that a user query never holds the
+/// memory database's locks (pipes and the process table never wait for
+/// it), and sees one consistent state of it.
+pub(crate) struct MemImage {
+    pub(crate) generation: u64,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl Volatile {
@@ -41,22 +55,66 @@ impl Volatile {
             c.execute_batch(tablix_proc::schema::SCHEMA)
         })
         .map_err(StoreError::from)?;
+        // An image is a serialized database; SQLite serializes a memdb
+        // database without copying it page by page.
+        let scratch = Connection::open_with_flags(
+            format!("file:/{name}-image?vfs=memdb"),
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
         Ok(Volatile {
             name: name.to_string(),
             uri,
             writer: Mutex::new(writer),
             idle: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(1),
+            image: Mutex::new((None, scratch)),
         })
+    }
+
+    /// The current generation of the memory database.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// An image of the memory database no older than the generation at
+    /// the time of the call.
+    pub(crate) fn image(&self) -> Result<Arc<MemImage>, StoreError> {
+        let mut slot = self.image.lock().map_err(|_| StoreError::Closed)?;
+        // Read first: a change during the copy leaves the image labelled
+        // older than what it holds, so it is made again next time.
+        let generation = self.generation();
+        if let Some(img) = &slot.0
+            && img.generation == generation
+        {
+            return Ok(Arc::clone(img));
+        }
+        let source = self.take()?;
+        let copied = {
+            // All pages in one step: one read transaction on the source,
+            // so the copy is one consistent state.
+            let backup = rusqlite::backup::Backup::new(&source, &mut slot.1)?;
+            backup.step(-1).and_then(|r| match r {
+                rusqlite::backup::StepResult::Done => Ok(()),
+                _ => Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some("copying the memory database did not finish".into()),
+                )),
+            })
+        };
+        self.put(source);
+        copied?;
+        let bytes = slot.1.serialize(rusqlite::MAIN_DB)?.to_vec();
+        let img = Arc::new(MemImage { generation, bytes });
+        slot.0 = Some(Arc::clone(&img));
+        Ok(img)
     }
 
     /// Lock waits so far.
     pub(crate) fn lock_stats(&self) -> tablix_vfs::MemLockStats {
         tablix_vfs::mem_lock_stats(&self.name).unwrap_or_default()
-    }
-
-    /// The URI other connections attach as `mem`.
-    pub(crate) fn uri(&self) -> &str {
-        &self.uri
     }
 
     fn take(&self) -> Result<Connection, StoreError> {
@@ -76,7 +134,9 @@ impl Volatile {
     /// Applies a volatile Command in its own transaction.
     pub(crate) fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
         let conn = self.writer.lock().map_err(|_| StoreError::Closed)?;
-        apply_on(&conn, item)
+        let r = apply_on(&conn, item);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        r
     }
 
     /// Runs tablix's own read-only SQL on the memory database as `main`.

@@ -1,4 +1,10 @@
-//! The single writer thread: group commit and the durability policy.
+//! The single writer thread: group commit, the durability policy, and the
+//! WAL's bound.
+//!
+//! Two connections write the persistent database, taking turns (the
+//! store's write turn): the file system's (`fs_writer.rs`) and user SQL's
+//! (`sql_writer.rs`). The thread splits what it gathers into runs of one
+//! kind, in order, and commits each run as one group on its connection.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -6,21 +12,27 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::apply::Applier;
-use crate::command::Stamped;
+use crate::budget::Limits;
+use crate::command::{Command, Stamped};
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
+use crate::fs_writer::FsWriter;
 use crate::outcome::Applied;
+use crate::sql_writer::SqlWriter;
 use crate::stats::Counters;
+use crate::volatile::Volatile;
 
 /// How long the writer sleeps when nothing awaits a flush.
 const IDLE: Duration = Duration::from_secs(3600);
+
+/// How often an oversized WAL is tried again while readers hold it.
+const WAL_RETRY: Duration = Duration::from_secs(1);
 
 /// Where the writer sends a Command's result.
 pub(crate) type Reply = oneshot::Sender<Result<Applied, StoreError>>;
 
 pub(crate) enum Request {
-    Apply(Box<Stamped>, Reply),
+    Apply(Box<Stamped>, Limits, Reply),
     /// Make every Command acknowledged so far durable (fsync).
     Flush(oneshot::Sender<Result<(), StoreError>>),
     /// A pending transaction was opened by `Store::apply_fs_now`: commit it
@@ -29,32 +41,47 @@ pub(crate) enum Request {
 }
 
 pub(crate) struct Writer {
-    pub(crate) applier: Arc<Mutex<Applier>>,
+    pub(crate) fs: Arc<Mutex<FsWriter>>,
+    pub(crate) sql: SqlWriter,
+    /// Held while either connection writes a group or an async-mode
+    /// operation: one write transaction at a time, and never a file-system
+    /// operation waiting on SQLite's lock while holding the file system's
+    /// connection (which its reads need).
+    pub(crate) turn: Arc<Mutex<()>>,
+    pub(crate) volatile: Arc<Volatile>,
     pub(crate) config: StoreConfig,
     pub(crate) counters: Arc<Counters>,
 }
+
+type Item = (Box<Stamped>, Limits, Reply);
 
 impl Writer {
     /// Serves requests until every sender is gone, then flushes and
     /// checkpoints. Callers are answered only after their group committed
     /// (and, in sync mode, after SQLite's commit fsync'ed the WAL).
-    pub(crate) fn run(self, rx: Receiver<Request>) {
+    pub(crate) fn run(mut self, rx: Receiver<Request>) {
         // Set while acknowledged Commands await their commit or fsync
         // (async mode only): when they must be durable.
         let mut deadline: Option<Instant> = None;
+        // Set while the WAL is over its bound: when to try again.
+        let mut wal_retry: Option<Instant> = None;
         let interval = self.config.flush_interval;
         let is_async = self.config.durability == Durability::Async;
         loop {
-            let timeout = deadline.map_or(IDLE, |d| d.saturating_duration_since(Instant::now()));
+            let next = [deadline, wal_retry].into_iter().flatten().min();
+            let timeout = next.map_or(IDLE, |d| d.saturating_duration_since(Instant::now()));
             let mut flushes = Vec::new();
+            let mut wrote = false;
             match rx.recv_timeout(timeout) {
                 Ok(first) => {
-                    let mut applies = Vec::new();
+                    let mut applies: Vec<Item> = Vec::new();
                     let mut next = Some(first);
                     let mut pending = false;
                     while let Some(r) = next.take() {
                         match r {
-                            Request::Apply(cmd, reply) => applies.push((cmd, reply)),
+                            Request::Apply(cmd, limits, reply) => {
+                                applies.push((cmd, limits, reply))
+                            }
                             Request::Flush(reply) => flushes.push(reply),
                             Request::Pending => pending = true,
                         }
@@ -63,8 +90,9 @@ impl Writer {
                         }
                     }
                     if !applies.is_empty() {
-                        self.commit_group(applies);
+                        self.commit_runs(applies);
                         pending = true;
+                        wrote = true;
                     }
                     if is_async && pending && deadline.is_none() {
                         deadline = Some(Instant::now() + interval);
@@ -90,13 +118,16 @@ impl Writer {
                     );
                 }
             }
+            if wrote || wal_retry.is_some_and(|t| Instant::now() >= t) {
+                wal_retry = self.bound_wal().then(|| Instant::now() + WAL_RETRY);
+            }
         }
         if let Err(e) = self.flush() {
             tracing::error!("final flush failed: {e}");
         }
-        match self.lock() {
-            Ok(a) => {
-                if let Err(e) = a.checkpoint() {
+        match self.fs() {
+            Ok(fs) => {
+                if let Err(e) = fs.checkpoint() {
                     tracing::warn!("final checkpoint failed: {e}");
                 }
             }
@@ -104,36 +135,52 @@ impl Writer {
         }
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Applier>, StoreError> {
-        self.applier.lock().map_err(|_| StoreError::Closed)
+    fn fs(&self) -> Result<MutexGuard<'_, FsWriter>, StoreError> {
+        self.fs.lock().map_err(|_| StoreError::Closed)
     }
 
-    fn commit_group(&self, group: Vec<(Box<Stamped>, Reply)>) {
-        let items: Vec<&Stamped> = group.iter().map(|(c, _)| c.as_ref()).collect();
-        let n = items.len() as u64;
+    fn turn(&self) -> Result<MutexGuard<'_, ()>, StoreError> {
+        self.turn.lock().map_err(|_| StoreError::Closed)
+    }
+
+    /// Commits what was gathered as runs of one kind, in order.
+    fn commit_runs(&mut self, mut applies: Vec<Item>) {
+        while !applies.is_empty() {
+            let fs = matches!(applies[0].0.command, Command::Fs(_));
+            let n = applies
+                .iter()
+                .take_while(|(c, _, _)| matches!(c.command, Command::Fs(_)) == fs)
+                .count();
+            let rest = applies.split_off(n);
+            if fs {
+                self.commit_fs(applies);
+            } else {
+                self.commit_sql(applies);
+            }
+            applies = rest;
+        }
+    }
+
+    fn fail_all(&self, group: Vec<Item>, e: &StoreError) {
+        for (_, _, reply) in group {
+            let _ = reply.send(Err(StoreError::Commit(e.to_string())));
+        }
+    }
+
+    fn answer(
+        &self,
+        group: Vec<Item>,
+        results: Result<Vec<Result<Applied, StoreError>>, StoreError>,
+    ) {
+        let n = group.len() as u64;
         Counters::add(&self.counters.batches, 1);
         self.counters
             .largest_batch
             .fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-        let mut applier = match self.lock() {
-            Ok(a) => a,
-            Err(e) => {
-                for (_, reply) in group {
-                    let _ = reply.send(Err(StoreError::Closed));
-                }
-                tracing::error!("group commit: {e}");
-                return;
-            }
-        };
-        // Acknowledged file-system Commands commit first: a SQL Command
-        // that ends its transaction must not take them with it.
-        if let Err(e) = applier.commit_pending() {
-            tracing::error!("committing pending file-system operations failed: {e}");
-        }
-        match applier.apply_batch(&items) {
+        match results {
             Ok(results) => {
                 Counters::add(&self.counters.commands, n);
-                for ((_, reply), result) in group.into_iter().zip(results) {
+                for ((_, _, reply), result) in group.into_iter().zip(results) {
                     if result.as_ref().map_or(true, |a| a.rolled_back) {
                         Counters::add(&self.counters.failed_commands, 1);
                     }
@@ -143,12 +190,51 @@ impl Writer {
             Err(e) => {
                 Counters::add(&self.counters.failed_commits, 1);
                 tracing::error!("group commit of {n} commands failed: {e}");
-                let message = e.to_string();
-                for (_, reply) in group {
-                    let _ = reply.send(Err(StoreError::Commit(message.clone())));
-                }
+                self.fail_all(group, &e);
             }
         }
+    }
+
+    fn commit_fs(&self, group: Vec<Item>) {
+        let r = (|| {
+            let _turn = self.turn()?;
+            let mut fs = self.fs()?;
+            // Acknowledged async-mode operations commit first; if that
+            // fails they stay pending, untouched, and this group waits.
+            fs.commit_pending()?;
+            let items: Vec<&Stamped> = group.iter().map(|(c, _, _)| c.as_ref()).collect();
+            fs.apply_group(&items)
+        })();
+        self.answer(group, r);
+    }
+
+    fn commit_sql(&mut self, group: Vec<Item>) {
+        // A fresh image of the memory database when a Command reads it;
+        // outside any transaction.
+        let rules = self.sql.uc.policy.rules();
+        let reads_memory = group.iter().any(|(c, _, _)| match &c.command {
+            Command::Sql { statements, .. } => {
+                statements.iter().any(|s| rules.mentions_memory(&s.sql))
+            }
+            _ => false,
+        });
+        if reads_memory
+            && self.volatile.generation() != self.sql.uc.mem_generation()
+            && let Err(e) = self
+                .volatile
+                .image()
+                .and_then(|img| self.sql.refresh_mem(&img))
+        {
+            tracing::warn!("refreshing the memory database's image for SQL: {e}");
+        }
+        let r = (|| {
+            let _turn = self.turn()?;
+            self.fs()?.commit_pending()?;
+            let items: Vec<(&Stamped, &Limits)> =
+                group.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
+            self.sql.apply_group(&items)
+        })();
+        self.answer(group, r);
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -157,8 +243,35 @@ impl Writer {
             return Ok(());
         }
         Counters::add(&self.counters.flushes, 1);
-        let mut applier = self.lock()?;
-        applier.commit_pending()?;
-        applier.sync_wal()
+        let mut fs = self.fs()?;
+        fs.commit_pending()?;
+        fs.sync_wal()
+    }
+
+    /// Checkpoints and truncates the WAL when it outgrew its bound.
+    /// Returns whether it is still over (readers held it): try later.
+    fn bound_wal(&self) -> bool {
+        let wal = self.config.database_path().with_extension("db-wal");
+        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        if size <= self.config.wal_limit {
+            return false;
+        }
+        let r = (|| {
+            let _turn = self.turn()?;
+            let mut fs = self.fs()?;
+            fs.commit_pending()?;
+            fs.try_truncate_wal()
+        })();
+        match r {
+            Ok(true) => {
+                Counters::add(&self.counters.wal_truncations, 1);
+                false
+            }
+            Ok(false) => true,
+            Err(e) => {
+                tracing::warn!("checkpointing the WAL ({size} bytes) failed: {e}");
+                true
+            }
+        }
     }
 }

@@ -46,6 +46,53 @@ pub fn sync_journal(conn: &Connection) -> Result<(), std::ffi::c_int> {
     }
 }
 
+/// Registers a scalar SQL function whose body may run SQL on the very
+/// connection that calls it (reads only: it runs in the middle of the
+/// caller's statement). rusqlite hands a function only its arguments.
+pub fn create_scalar_function_on_db<F, T>(
+    conn: &Connection,
+    name: &str,
+    n_arg: i32,
+    flags: rusqlite::functions::FunctionFlags,
+    f: F,
+) -> rusqlite::Result<()>
+where
+    F: Fn(&Connection, &rusqlite::functions::Context<'_>) -> rusqlite::Result<T> + Send + 'static,
+    T: rusqlite::types::ToSql,
+{
+    conn.create_scalar_function(name, n_arg, flags, move |ctx| {
+        // SAFETY: the function runs inside a call SQLite makes on the
+        // connection that owns `ctx`, on that connection's thread, and the
+        // borrowed handle does not outlive this call; it is not closed
+        // when dropped.
+        let db = unsafe { ctx.get_connection()? };
+        f(&db, ctx)
+    })
+}
+
+/// Sets SQLite's process-wide heap limits: past `soft` bytes it frees
+/// caches first; past `hard` an allocation fails with SQLITE_NOMEM. 0
+/// means no limit. Returns the previous hard limit.
+pub fn set_heap_limits(soft: i64, hard: i64) -> i64 {
+    // SAFETY: both calls only set process-wide counters under SQLite's
+    // own mutex.
+    unsafe {
+        libsqlite3_sys::sqlite3_soft_heap_limit64(soft);
+        libsqlite3_sys::sqlite3_hard_heap_limit64(hard)
+    }
+}
+
+/// Bytes SQLite has allocated now, and at most since the process started.
+pub fn heap_used() -> (i64, i64) {
+    // SAFETY: reads counters under SQLite's own mutex.
+    unsafe {
+        (
+            libsqlite3_sys::sqlite3_memory_used(),
+            libsqlite3_sys::sqlite3_memory_highwater(0),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,9 @@ mod fault;
 mod mem;
 
 pub use clock::{ClockVfs, VfsError, is_registered};
-pub use connection::{set_last_insert_rowid, sync_journal};
+pub use connection::{
+    create_scalar_function_on_db, heap_used, set_heap_limits, set_last_insert_rowid, sync_journal,
+};
 pub use fault::FaultVfs;
 pub use mem::{
     MEM_VFS_NAME, MemLockStats, WriteIntent, drop_mem_database, mem_lock_stats, register_mem_vfs,

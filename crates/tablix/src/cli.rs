@@ -32,6 +32,46 @@ pub enum Command {
     /// Run a command whose pipe() and pipe2() make database-backed pipes
     /// (through an LD_PRELOAD library), across fork and exec.
     Run(RunArgs),
+    /// Read every data block of a data directory against its checksum,
+    /// while the daemon runs or not, and name the files whose data is
+    /// damaged.
+    Scrub(ScrubArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ScrubArgs {
+    /// Data directory [default: as for `tablix up`]
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+}
+
+/// A duration such as 30s, 500ms or 1m30s.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    tablix_api::parse_duration(s)
+}
+
+/// A size in bytes, with an optional binary suffix: 4096, 64KiB, 64MiB, 1GiB
+/// (K, M, G and KB, MB, GB mean the same).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size such as 65536, 64MiB or 1GiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?}: use KiB, MiB or GiB"
+            ));
+        }
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 #[derive(Args, Debug)]
@@ -142,6 +182,41 @@ pub struct UpArgs {
     /// unavailable (not root).
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub process_poll_ms: u64,
+    /// API users and their permissions, in rqlite's auth-file format (a
+    /// JSON list of {"username", "password", "perms"}; tablix adds the
+    /// permission "raw" and optional "uid" and "gid").
+    #[arg(long, value_name = "FILE")]
+    pub auth: Option<PathBuf>,
+    /// PEM certificate chain: serve --http over TLS (with --http-key).
+    #[arg(long, value_name = "FILE", requires = "http_key")]
+    pub http_cert: Option<PathBuf>,
+    /// PEM private key of --http-cert.
+    #[arg(long, value_name = "FILE", requires = "http_cert")]
+    pub http_key: Option<PathBuf>,
+    /// Serve --http on an address other machines can reach without TLS and
+    /// API users. Anyone on the network could then use the API as the
+    /// auth file's "*" user allows; not recommended.
+    #[arg(long)]
+    pub insecure_http: bool,
+    /// Longest a read request's statements may run, together (a request
+    /// may ask for less with rqlite's db_timeout).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub statement_timeout: std::time::Duration,
+    /// Longest a write request's statements may hold the writer, together.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub write_timeout: std::time::Duration,
+    /// Largest result one request returns, and largest value SQL can build.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub max_result_bytes: u64,
+    /// SQLite's heap limit for the daemon (0: none).
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
+    pub memory_limit: u64,
+    /// The WAL is checkpointed and cut back once it grows past this.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub wal_limit: u64,
+    /// Most HTTP requests served at once; more wait their turn.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_requests: u64,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,
@@ -149,9 +224,17 @@ pub struct UpArgs {
 
 #[derive(Args, Debug)]
 pub struct SqlArgs {
-    /// Daemon to talk to, HOST:PORT [default: the daemon of --data]
+    /// Daemon to talk to over TCP: HOST[:PORT] or http(s)://HOST[:PORT]
+    /// [default: the Unix socket of --data's daemon]
     #[arg(long, value_name = "HOST:PORT")]
     pub addr: Option<String>,
+    /// An API user of the daemon's auth file, USER or USER:PASSWORD (the
+    /// password may also come from $TABLIX_PASSWORD).
+    #[arg(short = 'u', long, value_name = "USER[:PASSWORD]")]
+    pub user: Option<String>,
+    /// PEM certificate to trust for https:// addresses.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// Data directory whose daemon to find [default: as for `tablix up`]
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
+use tablix_shell::Client;
 
 /// `DATA/daemon.json`: written by a running daemon once it listens, removed
 /// when it stops cleanly.
@@ -15,9 +16,15 @@ pub struct DaemonFile {
     /// Where the file system is mounted, if it is.
     #[serde(default)]
     pub mount: Option<PathBuf>,
+    /// The Unix socket local clients use.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
 }
 
 const FILE: &str = "daemon.json";
+
+/// The daemon's Unix socket in a data directory.
+pub const SOCKET: &str = "tablix.sock";
 
 /// The data directory given, else `$TABLIX_DATA`, else the XDG data home.
 pub fn data_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
@@ -49,27 +56,48 @@ impl DaemonFile {
     pub fn remove(dir: &Path) {
         let _ = std::fs::remove_file(dir.join(FILE));
     }
-
-    pub fn read(dir: &Path) -> Option<DaemonFile> {
-        let text = std::fs::read(dir.join(FILE)).ok()?;
-        serde_json::from_slice(&text).ok()
-    }
 }
 
-/// The address of the daemon a client command should talk to.
-pub fn daemon_addr(addr: Option<&str>, data: Option<&Path>) -> anyhow::Result<String> {
-    if let Some(a) = addr {
-        return Ok(a.to_string());
-    }
-    let dir = data_dir(data)?;
-    match DaemonFile::read(&dir) {
-        Some(f) => Ok(f.http_addr),
-        None => bail!(
-            "no tablix daemon is running for data directory {} (it has no {FILE}); start one with `tablix up --data {}` (or `make run`), or name one with --addr HOST:PORT",
-            dir.display(),
-            dir.display()
-        ),
-    }
+/// How a client command reaches the daemon: over TCP when `addr` names
+/// one, else over the Unix socket of the data directory's daemon. Returns
+/// the client and whether it was found by discovery.
+pub fn client(
+    addr: Option<&str>,
+    data: Option<&Path>,
+    user: Option<&str>,
+    ca: Option<&Path>,
+) -> anyhow::Result<(Client, bool)> {
+    let client = match addr {
+        Some(a) => Client::tcp(a, ca)?,
+        None => {
+            let dir = data_dir(data)?;
+            let socket = dir.join(SOCKET);
+            if !socket.exists() {
+                bail!(
+                    "no tablix daemon is running for data directory {} (it has no {SOCKET}); start one with `tablix up --data {}` (or `make run`), or name one with --addr HOST:PORT",
+                    dir.display(),
+                    dir.display()
+                );
+            }
+            Client::unix(socket)?
+        }
+    };
+    let client = match user {
+        None => client,
+        Some(u) => {
+            let (name, password) = match u.split_once(':') {
+                Some((n, p)) => (n.to_string(), p.to_string()),
+                None => match std::env::var("TABLIX_PASSWORD") {
+                    Ok(p) => (u.to_string(), p),
+                    Err(_) => bail!(
+                        "--user {u} needs a password: --user {u}:PASSWORD, or set TABLIX_PASSWORD"
+                    ),
+                },
+            };
+            client.with_credentials(&name, &password)
+        }
+    };
+    Ok((client, addr.is_none()))
 }
 
 /// The advice printed when a daemon found through discovery does not answer.
@@ -78,24 +106,28 @@ pub fn not_answering(addr: &str, data: Option<&Path>) -> String {
         .map(|d| d.display().to_string())
         .unwrap_or_default();
     format!(
-        "no tablix daemon is answering at {addr} (recorded in {dir}/{FILE}, probably left by a daemon that was killed); start one with `tablix up --data {dir}` (or `make run`)"
+        "no tablix daemon is answering at {addr} (probably left by a daemon that was killed); start one with `tablix up --data {dir}` (or `make run`)"
     )
 }
 
-/// The pipes directory of the running daemon's mount, or a clear error
-/// saying why there is none.
+/// The pipes directory of the running daemon's mount, asked of the daemon
+/// over its socket, or a clear error saying why there is none.
 pub fn pipes_dir(data: Option<&Path>) -> anyhow::Result<PathBuf> {
     let dir = data_dir(data)?;
-    let Some(daemon) = DaemonFile::read(&dir) else {
+    let socket = dir.join(SOCKET);
+    if !socket.exists() {
         bail!(
-            "tablix is not running for {} (no daemon.json); start it with `tablix up MOUNTPOINT`",
+            "tablix is not running for {} (no {SOCKET}); start it with `tablix up MOUNTPOINT`",
             dir.display()
         );
-    };
-    let Some(mount) = daemon.mount else {
+    }
+    let status = Client::unix(&socket)?
+        .get_json("/status")
+        .map_err(|e| anyhow::anyhow!("{e}; is the daemon of {} running?", dir.display()))?;
+    let pid = status["tablix"]["pid"].as_u64().unwrap_or(0);
+    let Some(mount) = status["tablix"]["mount"].as_str().map(PathBuf::from) else {
         bail!(
-            "the tablix daemon (pid {}) of {} has no file system mounted; start it with `tablix up MOUNTPOINT`",
-            daemon.pid,
+            "the tablix daemon (pid {pid}) of {} has no file system mounted; start it with `tablix up MOUNTPOINT`",
             dir.display()
         );
     };
@@ -104,9 +136,8 @@ pub fn pipes_dir(data: Option<&Path>) -> anyhow::Result<PathBuf> {
         Ok(m) if m.is_dir() => Ok(pipes),
         Ok(_) => bail!("{} is not the tablix pipes directory", pipes.display()),
         Err(e) => bail!(
-            "the tablix mount at {} is not answering ({e}); is the daemon (pid {}) running?",
-            mount.display(),
-            daemon.pid
+            "the tablix mount at {} is not answering ({e}); is the daemon (pid {pid}) running?",
+            mount.display()
         ),
     }
 }

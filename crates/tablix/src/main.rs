@@ -6,7 +6,9 @@ mod discovery;
 mod fsck;
 mod mount_helper;
 mod pipe;
+mod progress;
 mod run;
+mod scrub;
 mod sql;
 mod up;
 
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
         cli::Command::Fsck(args) => fsck::run(args),
         cli::Command::Pipe(args) => pipe::run(args),
         cli::Command::Run(args) => run::run(args),
+        cli::Command::Scrub(args) => scrub::run(args),
     };
     report(result)
 }

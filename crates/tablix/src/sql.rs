@@ -4,20 +4,24 @@ use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tablix_shell::{Client, ClientError, Mode, Shell, ShellError};
+use tablix_shell::{ClientError, Mode, Shell, ShellError};
 
 use crate::cli::SqlArgs;
 use crate::discovery;
 
 pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
     let mode: Mode = args.mode.parse().map_err(anyhow::Error::msg)?;
-    let addr = discovery::daemon_addr(args.addr.as_deref(), args.data.as_deref())?;
-    let client = Client::new(addr.clone());
+    let (client, discovered) = discovery::client(
+        args.addr.as_deref(),
+        args.data.as_deref(),
+        args.user.as_deref(),
+        args.ca_cert.as_deref(),
+    )?;
     if let Err(e) = client.ping() {
         return Err(match e {
-            ClientError::Unreachable { .. } if args.addr.is_none() => {
-                anyhow::anyhow!(discovery::not_answering(&addr, args.data.as_deref()))
-            }
+            ClientError::Unreachable { .. } if discovered => anyhow::anyhow!(
+                discovery::not_answering(&client.addr(), args.data.as_deref())
+            ),
             other => other.into(),
         });
     }

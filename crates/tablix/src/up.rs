@@ -1,22 +1,67 @@
 //! `tablix up`: the daemon.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tablix_api::{ApiConfig, ServerInfo, router};
+use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router};
 use tablix_store::{Command, DaemonRecord, Durability, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{ModeArg, UpArgs};
 use crate::discovery::{self, DaemonFile};
 
+/// How long requests in flight may take to finish once the daemon stops
+/// (their statements are interrupted at once, so this is rarely used).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the async runtime's own blocking work may keep the daemon once
+/// everything has stopped.
+const RUNTIME_GRACE: Duration = Duration::from_secs(5);
+
+/// Refuses to expose the SQL API to the network unprotected, unless told to.
+fn check_exposure(args: &UpArgs, auth: &AuthFile) -> anyhow::Result<()> {
+    let ip = args.http.ip();
+    let local = match ip {
+        std::net::IpAddr::V4(v4) => v4.is_loopback(),
+        std::net::IpAddr::V6(v6) => v6.is_loopback(),
+    };
+    if local {
+        return Ok(());
+    }
+    let protected = args.http_cert.is_some() && !auth.is_empty();
+    if protected {
+        return Ok(());
+    }
+    let missing = match (args.http_cert.is_some(), !auth.is_empty()) {
+        (false, false) => "TLS (--http-cert, --http-key) and API users (--auth FILE)",
+        (false, true) => "TLS (--http-cert, --http-key)",
+        _ => "API users (--auth FILE)",
+    };
+    if !args.insecure_http {
+        bail!(
+            "--http {} can be reached from other machines, and tablix would serve it without {missing}; add them, bind 127.0.0.1, or pass --insecure-http to do it anyway",
+            args.http
+        );
+    }
+    tracing::warn!(
+        "serving SQL on {} without {missing} (--insecure-http): anyone who can reach it gets what the auth file's \"*\" user allows, and sees traffic in the clear",
+        args.http
+    );
+    Ok(())
+}
+
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TABLIX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_env("TABLIX_LOG").unwrap_or_else(|_| {
+                // fuser warns when the mount it leaves was already gone
+                // (someone ran umount): expected, not news.
+                tracing_subscriber::EnvFilter::new("info,fuser::mnt=error")
+            }),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -35,6 +80,17 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ => {}
         }
     }
+    let auth = match &args.auth {
+        Some(path) => AuthFile::load(path).map_err(anyhow::Error::msg)?,
+        None => AuthFile::default(),
+    };
+    check_exposure(&args, &auth)?;
+    let tls = match (&args.http_cert, &args.http_key) {
+        (Some(cert), Some(key)) => {
+            Some(tablix_api::tls_acceptor(cert, key).map_err(anyhow::Error::msg)?)
+        }
+        _ => None,
+    };
     let durability = match args.mode {
         ModeArg::Sync => Durability::Sync,
         ModeArg::Async => Durability::Async,
@@ -43,13 +99,25 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     config.durability = durability;
     config.flush_interval = Duration::from_millis(args.flush_interval_ms);
     config.readers = args.readers as usize;
+    config.read_timeout = args.statement_timeout;
+    config.write_timeout = args.write_timeout;
+    config.max_result_bytes = usize::try_from(args.max_result_bytes).unwrap_or(usize::MAX);
+    config.memory_limit = args.memory_limit;
+    config.wal_limit = args.wal_limit;
     let store = Arc::new(Store::open(config)?);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let result = runtime.block_on(serve(Arc::clone(&store), &args, &data, durability));
+    let result = runtime.block_on(serve(
+        Arc::clone(&store),
+        &args,
+        &data,
+        durability,
+        auth,
+        tls,
+    ));
     DaemonFile::remove(&data);
     let result = match result {
         // The mount goes before the store closes: the kernel flushes its
@@ -58,6 +126,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };
+    // Blocking tasks still running (a client that stopped reading) must not
+    // keep the daemon.
+    runtime.shutdown_timeout(RUNTIME_GRACE);
     // Every acknowledged Command is already committed; closing drains the
     // queue, flushes and checkpoints.
     store.close()?;
@@ -72,16 +143,22 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
 async fn serve(
     store: Arc<Store>,
     args: &UpArgs,
-    data: &std::path::Path,
+    data: &Path,
     durability: Durability,
+    auth: AuthFile,
+    tls: Option<tablix_api::TlsAcceptor>,
 ) -> anyhow::Result<Option<tablix_fuse::Mounted>> {
-    let listener = tokio::net::TcpListener::bind(args.http).await.map_err(|e| {
+    let has_tls = tls.is_some();
+    let tcp = Endpoint::tcp(args.http, tls).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot listen on {}: {e}; is another tablix (or rqlite) using it? choose another address with --http",
             args.http
         )
     })?;
-    let addr = listener.local_addr()?;
+    let addr: SocketAddr = tcp.local_addr().unwrap_or(args.http);
+    let socket = data.join(discovery::SOCKET);
+    let unix =
+        Endpoint::unix(&socket).with_context(|| format!("listening on {}", socket.display()))?;
     let version = env!("CARGO_PKG_VERSION").to_string();
     let record = DaemonRecord {
         pid: std::process::id(),
@@ -96,12 +173,6 @@ async fn serve(
             Command::SetDaemon(record),
         ))
         .await?;
-    let info = ServerInfo {
-        version: version.clone(),
-        pid: std::process::id(),
-        http_addr: addr.to_string(),
-        pcache: args.pcache.name().into(),
-    };
     let mounted = match &args.mountpoint {
         // Mounting waits on the store's writer: not on an async worker.
         Some(mp) => Some(tokio::task::block_in_place(|| {
@@ -112,18 +183,32 @@ async fn serve(
     // The watcher seeds the table before returning: blocking, not on an
     // async worker.
     tokio::task::block_in_place(|| watch_processes(Arc::clone(&store), args))?;
+    let info = ServerInfo {
+        version: version.clone(),
+        pid: std::process::id(),
+        http_addr: addr.to_string(),
+        pcache: args.pcache.name().into(),
+        socket: Some(socket.display().to_string()),
+        mount: mounted
+            .as_ref()
+            .map(|m| m.mountpoint().display().to_string()),
+        tls: has_tls,
+    };
     let app = router(
-        store,
+        Arc::clone(&store),
         info,
         ApiConfig {
             body_limit: args.body_limit as usize,
+            max_requests: args.max_requests as usize,
         },
+        Arc::new(auth),
     );
     DaemonFile {
         pid: std::process::id(),
         http_addr: addr.to_string(),
         version,
         mount: mounted.as_ref().map(|m| m.mountpoint().to_path_buf()),
+        socket: Some(socket.clone()),
     }
     .write(data)?;
     let mut term = signal(SignalKind::terminate())?;
@@ -133,7 +218,9 @@ async fn serve(
         .map(|m| format!(" mount={}", m.mountpoint().display()))
         .unwrap_or_default();
     println!(
-        "tablix ready: http=http://{addr} data={} mode={} pcache={}{mount_note} pid={}",
+        "tablix ready: http={}://{addr} socket={} data={} mode={} pcache={}{mount_note} pid={}",
+        if has_tls { "https" } else { "http" },
+        socket.display(),
         data.display(),
         durability.as_str(),
         args.pcache.name(),
@@ -148,16 +235,17 @@ async fn serve(
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-                _ = unmounted => tracing::info!("the file system was unmounted: shutting down"),
-            }
-        })
-        .await
-        .context("serving HTTP")?;
+    let stopping = Arc::clone(&store);
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = unmounted => tracing::info!("the file system was unmounted: shutting down"),
+        }
+        // User statements stop now; acknowledged writes are kept.
+        stopping.stop_statements();
+    };
+    tablix_api::serve(vec![tcp, unix], app, shutdown, SHUTDOWN_GRACE).await;
     Ok(mounted)
 }
 
@@ -190,9 +278,9 @@ fn watch_processes(store: Arc<Store>, args: &UpArgs) -> anyhow::Result<()> {
 fn mount(
     store: Arc<Store>,
     args: &UpArgs,
-    data: &std::path::Path,
+    data: &Path,
     durability: Durability,
-    mountpoint: &std::path::Path,
+    mountpoint: &Path,
 ) -> anyhow::Result<tablix_fuse::Mounted> {
     let root = nix::unistd::geteuid().is_root();
     let options = tablix_fuse::MountOptions {

@@ -220,16 +220,8 @@ fn sql_without_a_daemon_says_how_to_start_one() {
         err.contains("no tablix daemon is running") && err.contains("tablix up"),
         "{err}"
     );
-    // A daemon.json left by a killed daemon.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    std::fs::write(
-        dir.path().join("daemon.json"),
-        format!(r#"{{"pid": 1, "http_addr": "{port}", "version": "0"}}"#),
-    )
-    .unwrap();
+    // The socket left by a killed daemon.
+    drop(std::os::unix::net::UnixListener::bind(dir.path().join("tablix.sock")).unwrap());
     let o = sql(dir.path(), &["SELECT 1"]);
     let (_, err) = text(&o);
     assert!(!o.status.success());
@@ -911,8 +903,9 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
          FROM pipes p JOIN mem.pid_pipe h ON h.pipe = p.id
          LEFT JOIN processes x ON x.pid = h.pid AND x.exit_ns IS NULL
          GROUP BY p.id",
-        // Process events are applied asynchronously: wait for the exec.
-        |r| r.len() == 1 && r[0][3] == "sh",
+        // Process events and the two opens are applied asynchronously:
+        // wait for the exec and both ends.
+        |r| r.len() == 1 && r[0][3] == "sh" && r[0][0] == 1 && r[0][1] == 1,
     );
     assert_eq!(held[0][0], 1);
     assert_eq!(held[0][1], 1);

@@ -66,7 +66,7 @@ fn row(f: &Fixture, name: &str) -> (i64, i64, i64, i64, i64) {
     store
         .read_volatile(|c| {
             c.query_row(
-                "SELECT buffered, total_in, total_out, readers, writers FROM pipes WHERE name = ?1",
+                "SELECT buffered, bytes_in, bytes_out, readers, writers FROM pipe WHERE name = ?1",
                 [name],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
             )

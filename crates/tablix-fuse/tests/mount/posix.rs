@@ -962,7 +962,10 @@ fn full_disk(name: &str, mode: Durability) {
         let applied = store
             .apply(
                 tablix_store::Stamp::now(),
-                tablix_store::Command::Fs(tablix_fs::FsOp::Check { repair: false }),
+                tablix_store::Command::Fs(tablix_fs::FsOp::Check {
+                    repair: false,
+                    verify_data: true,
+                }),
             )
             .unwrap();
         match applied.fs {

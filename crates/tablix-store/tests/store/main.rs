@@ -1,31 +1,39 @@
 //! Integration tests of the store through its public API.
 #![allow(clippy::unwrap_used)]
 
+mod bounds;
+mod sandbox;
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use rusqlite::Connection;
 use tablix_store::{
-    Applied, Command, DaemonRecord, Durability, Params, Stamp, Stamped, Statement, StatementResult,
-    Store, StoreConfig, StoreError, Value,
+    Applied, Command, DaemonRecord, Durability, Params, Principal, Stamp, Stamped, Statement,
+    StatementResult, Store, StoreConfig, StoreError, Value,
 };
 
-fn stamp(n: i64) -> Stamp {
+pub(crate) fn stamp(n: i64) -> Stamp {
     Stamp {
         unix_nanos: 1_700_000_000_000_000_000 + n,
         seed: n as u64,
     }
 }
 
-fn sql(statements: &[&str]) -> Command {
+pub(crate) fn sql(statements: &[&str]) -> Command {
     Command::Sql {
         statements: statements.iter().map(|s| Statement::new(*s)).collect(),
         transaction: false,
+        principal: Principal::root(),
     }
 }
 
 fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
-    match &store.query(&[Statement::new(q)]).unwrap()[0].result {
+    match &store
+        .query(&Principal::root(), &[Statement::new(q)])
+        .unwrap()[0]
+        .result
+    {
         StatementResult::Rows(r) => r.values.clone(),
         other => panic!("{q}: {other:?}"),
     }
@@ -130,26 +138,35 @@ fn system_tables_are_read_only_to_sql_but_change_through_commands() {
         rows(&store, "SELECT pid, started_ns FROM daemon"),
         [[Value::Integer(42), Value::Integer(stamp(5).unix_nanos)]]
     );
-    for bad in [
-        "DELETE FROM daemon",
-        "UPDATE mem.daemon SET pid = 1",
-        "INSERT INTO tablix_meta VALUES ('k', 1)",
-        "DROP TABLE tablix_meta",
-        "CREATE TABLE mem.mine(x)",
-        "CREATE TRIGGER g AFTER INSERT ON tablix_meta BEGIN SELECT 1; END",
+    for (bad, why) in [
+        ("DELETE FROM daemon", "it is a view"),
+        (
+            "UPDATE mem.daemon SET pid = 1",
+            "mem is tablix system state",
+        ),
+        ("INSERT INTO tablix_meta VALUES ('k', 1)", "system table"),
+        ("DROP TABLE tablix_meta", "system table"),
+        ("CREATE TABLE mem.mine(x)", "mem is tablix system state"),
+        (
+            "CREATE TRIGGER g AFTER INSERT ON tablix_meta BEGIN SELECT 1; END",
+            "system table",
+        ),
     ] {
         let r = store.apply(stamp(6), sql(&[bad])).unwrap();
         match &r.statements[0].result {
-            StatementResult::Error(m) => assert!(m.contains("system table"), "{bad}: {m}"),
+            StatementResult::Error(m) => assert!(m.contains(why), "{bad}: {m}"),
             other => panic!("{bad} was allowed: {other:?}"),
         }
     }
     // Reads of system tables through the writer and readers are fine, and a
     // query cannot write at all.
     let r = store
-        .query(&[Statement::new(
-            "INSERT INTO daemon VALUES (1,'','','','',0)",
-        )])
+        .query(
+            &Principal::root(),
+            &[Statement::new(
+                "INSERT INTO daemon VALUES (1,'','','','',0)",
+            )],
+        )
         .unwrap();
     assert!(r[0].result.is_error());
     assert_eq!(
@@ -194,6 +211,7 @@ fn a_transaction_stops_at_its_first_error_and_rolls_back() {
                     Statement::new("INSERT INTO t VALUES (2)"),
                 ],
                 transaction: true,
+                principal: Principal::root(),
             },
         )
         .unwrap();
@@ -238,6 +256,7 @@ fn replay_of_stamped_commands_is_deterministic() {
                             Params::Positional(vec![Value::Integer(i)]),
                         )],
                         transaction: i % 2 == 0,
+                        principal: Principal::root(),
                     }
                 },
             )
@@ -286,6 +305,7 @@ fn concurrent_writers_and_readers_all_succeed_in_async_mode() {
                                 Params::Positional(vec![Value::Integer(w), Value::Integer(i)]),
                             )],
                             transaction: false,
+                            principal: Principal::root(),
                         },
                     )
                     .unwrap();
@@ -329,7 +349,7 @@ proptest! {
     ) {
         let stamped: Vec<Stamped> = commands.iter().enumerate().map(|(i, (sts, tx))| Stamped::new(
             stamp(i as i64),
-            Command::Sql { statements: sts.iter().map(Statement::new).collect(), transaction: *tx },
+            Command::Sql { statements: sts.iter().map(Statement::new).collect(), transaction: *tx, principal: Principal::root() },
         )).collect();
         let run = |grouped: bool| {
             let dir = tempfile::tempdir().unwrap();
@@ -457,6 +477,7 @@ fn a_full_disk_fails_writes_and_loses_nothing() {
                         Params::Positional(vec![Value::Integer(i)]),
                     )],
                     transaction: false,
+                    principal: Principal::root(),
                 },
             );
             match r {
@@ -508,6 +529,7 @@ fn insert(n: i64) -> Command {
             Params::Positional(vec![Value::Integer(n)]),
         )],
         transaction: false,
+        principal: Principal::root(),
     }
 }
 
@@ -698,7 +720,7 @@ fn pipes_and_sql_readers_share_the_memory_database_without_busy() {
             let mut n = 0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
                 let out = store
-                    .query(&[Statement::new(
+                    .query(&Principal::root(), &[Statement::new(
                         "SELECT sum(total_in), sum(buffered) FROM pipes JOIN mem.pid_pipe ON pipe = id",
                     )])
                     .unwrap();

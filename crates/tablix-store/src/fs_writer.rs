@@ -1,0 +1,231 @@
+//! The file system's writer connection: file-system Commands, in groups
+//! from the writer thread or (async mode) applied at once in a pending
+//! transaction; the schema migrations; the WAL's flushes and checkpoints.
+//!
+//! No user SQL ever runs here: foreign keys, triggers and views are off,
+//! so nothing a user defined on the schema can stop or extend a
+//! file-system operation.
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags};
+use tablix_vfs::ClockVfs;
+
+use crate::command::{Command, Stamped};
+use crate::config::{Durability, StoreConfig};
+use crate::error::StoreError;
+use crate::group::{self, BEGIN_WRITE};
+use crate::outcome::Applied;
+use crate::policy::error_message;
+use crate::schema;
+
+/// WAL pages between automatic checkpoints.
+pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 16384;
+
+/// The writer's page cache, in KiB as `PRAGMA cache_size` takes it (negative).
+const WRITER_CACHE_KIB: i64 = -65536;
+
+/// Field order matters: `conn` closes before its clock VFS is unregistered.
+pub(crate) struct FsWriter {
+    conn: Connection,
+    /// Set when SQLite rolled back a pending transaction (e.g. a COMMIT that
+    /// hit a full disk): acknowledged file-system Commands are gone, so the
+    /// kernel's view no longer matches and no further one is accepted.
+    lost: Option<String>,
+    clock: ClockVfs,
+}
+
+impl FsWriter {
+    pub(crate) fn open(config: &StoreConfig) -> Result<FsWriter, StoreError> {
+        let clock = ClockVfs::register_over(config.vfs.as_deref())
+            .map_err(|e| StoreError::Open(e.to_string()))?;
+        let path = config.database_path();
+        let conn = Connection::open_with_flags_and_vfs(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            clock.name(),
+        )?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        schema::quick_check(&conn, &path)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Open(format!(
+                "{} refused WAL mode (journal_mode is {mode})",
+                path.display()
+            )));
+        }
+        let sync = match config.durability {
+            Durability::Sync => "FULL",
+            Durability::Async => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)?;
+        // A checkpoint fsyncs the WAL and the database: at SQLite's default
+        // (every 1000 pages, 4 MiB) bulk file writes spend most of their time
+        // in those syncs. 64 MiB between checkpoints keeps them rare while
+        // bounding the WAL.
+        conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+        // A WAL that a large transaction grew is cut back to this once a
+        // checkpoint has copied it.
+        conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
+        // Async mode's pending transaction holds up to a flush interval of
+        // file writes. At SQLite's default 2 MiB cache its dirty pages spill
+        // into the WAL mid-transaction (a page dirtied again is written
+        // again) and each Command's savepoint journals the pages it touches
+        // again: measured on a 1 GiB `dd`, the FUSE threads spent most of
+        // their time in those two. 64 MiB holds a flush interval of writes.
+        conn.pragma_update(None, "cache_size", WRITER_CACHE_KIB)?;
+        // Nothing a user defined (a foreign key naming a system table, a
+        // trigger or a view from an older version) takes part in the file
+        // system's own statements.
+        conn.pragma_update(None, "foreign_keys", false)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)?;
+        schema::migrate(&conn, &path)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_VIEW, false)?;
+        tablix_pcache::register_stats_table(&conn)?;
+        Ok(FsWriter {
+            conn,
+            lost: None,
+            clock,
+        })
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Whether Commands applied by [`FsWriter::apply_pending`] await a commit.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.conn.is_autocommit()
+    }
+
+    /// Applies one file-system Command inside the open write transaction,
+    /// opening one if needed, without committing: async mode's fast path.
+    /// A failing Command is rolled back alone (its savepoint); the pending
+    /// ones stay. File-system Commands never end the transaction
+    /// themselves.
+    pub(crate) fn apply_pending(&mut self, item: &Stamped) -> Result<Applied, StoreError> {
+        if let Some(why) = &self.lost {
+            return Err(StoreError::PendingLost(why.clone()));
+        }
+        let had_pending = !self.conn.is_autocommit();
+        if !had_pending {
+            self.pending_sql(BEGIN_WRITE)?;
+        }
+        let r = self.pending_savepoint(item);
+        if self.conn.is_autocommit() {
+            // SQLite ended the transaction itself (a full disk while
+            // spilling pages): whatever was pending is gone.
+            let why = match &r {
+                Err(e) => e.to_string(),
+                Ok(a) => {
+                    a.fs.as_ref()
+                        .and_then(|f| f.as_ref().err())
+                        .map_or_else(|| "the transaction ended".to_string(), |e| e.to_string())
+                }
+            };
+            if had_pending {
+                return Err(self.mark_lost(why));
+            }
+        }
+        r
+    }
+
+    fn pending_savepoint(&self, item: &Stamped) -> Result<Applied, StoreError> {
+        self.pending_sql("SAVEPOINT tablix_command")?;
+        let r = self.apply(item);
+        if r.as_ref().map_or(true, |a| a.rolled_back) {
+            self.pending_sql("ROLLBACK TO tablix_command")?;
+        }
+        self.pending_sql("RELEASE tablix_command")?;
+        r
+    }
+
+    fn mark_lost(&mut self, why: String) -> StoreError {
+        tracing::error!(
+            "file-system changes acknowledged since the last flush were lost: {why}; refusing further changes until restart"
+        );
+        self.lost = Some(why.clone());
+        StoreError::PendingLost(why)
+    }
+
+    /// Commits what [`FsWriter::apply_pending`] left open. On failure the
+    /// transaction stays open if SQLite kept it, to be retried; if SQLite
+    /// rolled it back, the store refuses further file-system changes.
+    pub(crate) fn commit_pending(&mut self) -> Result<(), StoreError> {
+        if self.conn.is_autocommit() {
+            return Ok(());
+        }
+        match self.pending_sql("COMMIT") {
+            Ok(()) => Ok(()),
+            Err(e) if self.conn.is_autocommit() => Err(self.mark_lost(e.to_string())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Savepoint control inside the pending transaction: a failure is
+    /// reported without rolling back Commands already acknowledged.
+    fn pending_sql(&self, sql: &str) -> Result<(), StoreError> {
+        group::control(&self.conn, sql).map_err(|e| StoreError::Commit(error_message(&e)))
+    }
+
+    /// Applies one Command's body; the caller owns the surrounding
+    /// transaction and savepoint.
+    fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
+        self.clock.set_unix_nanos(item.stamp.unix_nanos);
+        match &item.command {
+            Command::Fs(op) => {
+                let result = tablix_fs::apply(&self.conn, item.stamp.unix_nanos, op);
+                Ok(Applied {
+                    rolled_back: result.is_err(),
+                    fs: Some(result),
+                    ..Applied::default()
+                })
+            }
+            other => Err(StoreError::Apply(format!(
+                "{} reached the file system's writer",
+                other.kind()
+            ))),
+        }
+    }
+
+    /// Applies file-system Commands as one group commit.
+    pub(crate) fn apply_group(
+        &self,
+        items: &[&Stamped],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        group::commit(&self.conn, items, |item| self.apply(item))
+    }
+
+    /// Writes the WAL to stable storage (async mode's bounded flush),
+    /// through SQLite's own WAL handle so every VFS layer sees the sync.
+    pub(crate) fn sync_wal(&self) -> Result<(), StoreError> {
+        tablix_vfs::sync_journal(&self.conn)
+            .map_err(|rc| StoreError::Apply(format!("syncing the WAL failed (SQLite error {rc})")))
+    }
+
+    /// Folds the WAL back into the database and truncates it.
+    pub(crate) fn checkpoint(&self) -> Result<(), StoreError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// Tries to fold the WAL back and truncate it without waiting for
+    /// readers: returns whether the whole WAL was copied and cut.
+    pub(crate) fn try_truncate_wal(&self) -> Result<bool, StoreError> {
+        self.conn.busy_timeout(std::time::Duration::ZERO)?;
+        let r = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                r.get::<_, i64>(0)
+            });
+        self.conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        match r {
+            Ok(busy) => Ok(busy == 0),
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}

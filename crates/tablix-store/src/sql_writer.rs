@@ -1,0 +1,91 @@
+//! The writer of user SQL: `Command::Sql` in groups, on a sandboxed
+//! connection of its own, so that a user's write never occupies the file
+//! system's connection (whose reads the mount needs in async mode).
+
+use crate::budget::Limits;
+use crate::command::{Command, Stamped};
+use crate::error::StoreError;
+use crate::exec::{self, Collect, Stop};
+use crate::group;
+use crate::outcome::Applied;
+use crate::sandbox::UserConn;
+use crate::volatile::MemImage;
+
+pub(crate) struct SqlWriter {
+    pub(crate) uc: UserConn,
+}
+
+impl SqlWriter {
+    /// Attaches a newer image of the memory database; before a group.
+    pub(crate) fn refresh_mem(&mut self, image: &MemImage) -> Result<(), StoreError> {
+        self.uc.refresh_mem(image)
+    }
+
+    /// Applies user SQL Commands as one group commit.
+    pub(crate) fn apply_group(
+        &self,
+        items: &[(&Stamped, &Limits)],
+    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+        group::commit(&self.uc.conn, items, |(item, limits)| {
+            self.apply(item, limits)
+        })
+    }
+
+    fn apply(&self, item: &Stamped, limits: &Limits) -> Result<Applied, StoreError> {
+        let Command::Sql {
+            statements,
+            transaction,
+            principal,
+        } = &item.command
+        else {
+            return Err(StoreError::Apply(format!(
+                "{} reached the SQL writer",
+                item.command.kind()
+            )));
+        };
+        if limits.cancel.is_cancelled() {
+            return Ok(Applied {
+                rolled_back: true,
+                statements: vec![crate::outcome::StatementOutcome {
+                    result: crate::outcome::StatementResult::Error(
+                        "statement cancelled: the client went away before it ran".into(),
+                    ),
+                    seconds: 0.0,
+                }],
+                ..Applied::default()
+            });
+        }
+        self.uc.set_stamp(item.stamp);
+        let _running = self.uc.begin(principal, limits);
+        let mut sink = Collect::new(limits.max_result_bytes);
+        let mut rolled_back = false;
+        for st in statements {
+            match exec::run(&self.uc, st, &mut sink) {
+                Ok(failed) => {
+                    if failed && *transaction {
+                        rolled_back = true;
+                        break;
+                    }
+                    if self.uc.conn.is_autocommit() {
+                        // The statement ended the enclosing transaction
+                        // (ON CONFLICT ROLLBACK, an interrupted write); the
+                        // group restarts without this Command.
+                        rolled_back = true;
+                        break;
+                    }
+                }
+                // Results nobody can receive whole: the Command does not
+                // happen.
+                Err(Stop::TooLarge(_)) | Err(Stop::Gone) => {
+                    rolled_back = true;
+                    break;
+                }
+            }
+        }
+        Ok(Applied {
+            statements: sink.outcomes,
+            rolled_back,
+            ..Applied::default()
+        })
+    }
+}

@@ -1,0 +1,360 @@
+//! Every request has a bound: time, result size, the readers it may wait
+//! for; the file system's own reads and writes never wait for a user's
+//! query; the WAL and a damaged database are dealt with at the store.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tablix_fs::{FsOp, FsReply};
+use tablix_store::{
+    Cancel, Command, Durability, Limits, Principal, Statement, StatementResult, Store, StoreConfig,
+    StoreError, Value,
+};
+
+use super::{sql, stamp};
+
+const RUNAWAY: &str =
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+fn limits(ms: u64) -> Limits {
+    Limits {
+        timeout: Duration::from_millis(ms),
+        max_result_bytes: 1 << 20,
+        cancel: Cancel::new(),
+    }
+}
+
+fn first_error(r: &[tablix_store::StatementOutcome]) -> String {
+    match &r[0].result {
+        StatementResult::Error(m) => m.clone(),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_runaway_query_stops_at_its_time_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+    let mut sink = Collect::default();
+    store
+        .query_into(
+            &Principal::root(),
+            &[Statement::new(RUNAWAY)],
+            &limits(200),
+            &mut sink,
+        )
+        .unwrap();
+    let m = sink.error.expect("an error");
+    assert!(m.contains("time limit of 200 ms"), "{m}");
+}
+
+#[test]
+fn a_runaway_write_is_rolled_back_and_its_group_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.write_timeout = Duration::from_millis(300);
+    let store = Store::open(config).unwrap();
+    store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
+    let runaway = store.submit(tablix_store::Stamped::new(
+        stamp(1),
+        sql(&["INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"]),
+    ));
+    let fine: Vec<_> = (0..5)
+        .map(|i| {
+            store.submit(tablix_store::Stamped::new(
+                stamp(2 + i),
+                sql(&["INSERT INTO t VALUES (-1)"]),
+            ))
+        })
+        .collect();
+    let r = runaway.wait().unwrap();
+    assert!(r.rolled_back);
+    assert!(
+        first_error(&r.statements).contains("time limit of 300 ms"),
+        "{r:?}"
+    );
+    for t in fine {
+        assert!(!t.wait().unwrap().rolled_back);
+    }
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM t"),
+        [[Value::Integer(5)]],
+        "only the five small inserts"
+    );
+}
+
+#[test]
+fn a_cancelled_request_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(StoreConfig::new(dir.path())).unwrap());
+    let l = limits(60_000);
+    let cancel = l.cancel.clone();
+    let s = Arc::clone(&store);
+    let t = std::thread::spawn(move || {
+        let mut sink = Collect::default();
+        s.query_into(
+            &Principal::root(),
+            &[Statement::new(RUNAWAY)],
+            &l,
+            &mut sink,
+        )
+        .unwrap();
+        sink.error
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    cancel.cancel();
+    let m = t.join().unwrap().expect("an error");
+    assert!(m.contains("client went away"), "{m}");
+    // Stopping the store's statements stops new ones at once too.
+    store.stop_statements();
+    let r = store
+        .query(&Principal::root(), &[Statement::new(RUNAWAY)])
+        .unwrap();
+    assert!(first_error(&r).contains("shutting down"), "{r:?}");
+}
+
+#[test]
+fn results_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.max_result_bytes = 2 << 20;
+    let store = Store::open(config).unwrap();
+    // More rows than the bound holds: refused once it is passed.
+    let r = store
+        .query(
+            &Principal::root(),
+            &[Statement::new(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) SELECT x, hex(randomblob(32)) FROM c",
+            )],
+        )
+        .unwrap();
+    assert!(
+        first_error(&r).contains("larger than the limit of 2097152 bytes"),
+        "{r:?}"
+    );
+    // One value larger than the bound cannot even be made.
+    let r = store
+        .query(
+            &Principal::root(),
+            &[Statement::new("SELECT zeroblob(50000000)")],
+        )
+        .unwrap();
+    assert!(first_error(&r).contains("too big"), "{r:?}");
+    // Writes that return too much do not happen.
+    store.apply(stamp(0), sql(&["CREATE TABLE b(x)"])).unwrap();
+    let r = store
+        .apply(
+            stamp(1),
+            sql(&["INSERT INTO b SELECT zeroblob(1000000) FROM (SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) RETURNING x"]),
+        )
+        .unwrap();
+    assert!(r.rolled_back, "{r:?}");
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM b"),
+        [[Value::Integer(0)]]
+    );
+}
+
+#[test]
+fn the_file_system_never_waits_for_user_queries() {
+    for mode in [Durability::Sync, Durability::Async] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StoreConfig::new(dir.path());
+        config.durability = mode;
+        config.readers = 2;
+        config.write_timeout = Duration::from_secs(20);
+        let store = Arc::new(Store::open(config).unwrap());
+        store
+            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
+            .unwrap();
+        store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
+        // Every user reader busy, and a user write holding the writer, all
+        // until stop_statements below.
+        let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut busy = Vec::new();
+        for _ in 0..2 {
+            let (s, ended) = (Arc::clone(&store), Arc::clone(&ended));
+            busy.push(std::thread::spawn(move || {
+                let mut sink = Collect::default();
+                let _ = s.query_into(
+                    &Principal::root(),
+                    &[Statement::new(RUNAWAY)],
+                    &limits(600_000),
+                    &mut sink,
+                );
+                ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }));
+        }
+        let write = store.submit(tablix_store::Stamped::new(
+            stamp(1),
+            sql(&["INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"]),
+        ));
+        // Wait until both readers are taken.
+        while store
+            .query_into(
+                &Principal::root(),
+                &[Statement::new("SELECT 1")],
+                &limits(0),
+                &mut Collect::default(),
+            )
+            .is_ok()
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The file system reads (and, in sync mode through the writer
+        // thread, would write) while the user's statements still run.
+        for _ in 0..50 {
+            store
+                .read_latest(|c| tablix_fs::read::getattr(c, 1))
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            ended.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "{mode:?}: the file system's reads waited for the user's queries"
+        );
+        // A user read waits for a reader at most its own time limit.
+        let r = store.query_into(
+            &Principal::root(),
+            &[Statement::new("SELECT 1")],
+            &limits(100),
+            &mut Collect::default(),
+        );
+        assert!(matches!(r, Err(StoreError::Busy(_))), "{r:?}");
+        store.stop_statements();
+        for t in busy {
+            t.join().unwrap();
+        }
+        let w = write.wait().unwrap();
+        assert!(w.rolled_back, "{w:?}");
+        // Stopped statements do not stop the file system.
+        let made = store
+            .apply(
+                stamp(2),
+                Command::Fs(FsOp::MakeNode {
+                    parent: 1,
+                    name: b"after".to_vec(),
+                    mode: libc::S_IFREG | 0o644,
+                    rdev: 0,
+                    uid: 0,
+                    gid: 0,
+                }),
+            )
+            .unwrap();
+        assert!(matches!(made.fs, Some(Ok(FsReply::Attr(_)))), "{made:?}");
+    }
+}
+
+#[test]
+fn a_large_transaction_leaves_no_large_wal_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.wal_limit = 1 << 20;
+    let store = Store::open(config).unwrap();
+    store
+        .apply(
+            stamp(0),
+            sql(&["CREATE TABLE big(b)", "INSERT INTO big SELECT zeroblob(100000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200) SELECT x FROM c)"]),
+        )
+        .unwrap();
+    let wal = dir.path().join("tablix.db-wal");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        if size <= 1 << 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(store.stats().wal_truncations >= 1);
+}
+
+#[test]
+fn a_damaged_database_is_refused_with_a_pointer_to_fsck() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(StoreConfig::new(dir.path())).unwrap();
+        store
+            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
+            .unwrap();
+    }
+    // Find the inode table's root page and scribble over it.
+    let db = dir.path().join("tablix.db");
+    let page: i64 = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row(
+            "SELECT rootpage FROM sqlite_schema WHERE name = 'tablix_inode'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&db).unwrap();
+    f.seek(SeekFrom::Start((page as u64 - 1) * 4096)).unwrap();
+    f.write_all(&[0xA5; 4096]).unwrap();
+    drop(f);
+    let err = Store::open(StoreConfig::new(dir.path()))
+        .err()
+        .expect("refused");
+    assert!(matches!(err, StoreError::Malformed { .. }), "{err}");
+    let m = err.to_string();
+    assert!(
+        m.contains("is damaged") && m.contains("tablix fsck --data"),
+        "{m}"
+    );
+}
+
+#[test]
+fn only_the_daemon_can_read_the_data_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = Store::open(StoreConfig::new(&data)).unwrap();
+    store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o711);
+    for f in ["tablix.db", "tablix.db-wal", "tablix.db-shm"] {
+        assert_eq!(mode(&data.join(f)), 0o600, "{f}");
+    }
+}
+
+fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
+    match &store
+        .query(&Principal::root(), &[Statement::new(q)])
+        .unwrap()[0]
+        .result
+    {
+        StatementResult::Rows(r) => r.values.clone(),
+        other => panic!("{q}: {other:?}"),
+    }
+}
+
+/// A sink that keeps only the first error.
+#[derive(Default)]
+struct Collect {
+    error: Option<String>,
+}
+
+impl tablix_store::Sink for Collect {
+    fn columns(&mut self, _: &[String]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn row(&mut self, _: &[tablix_store::Cell<'_>]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn end_rows(&mut self, _: &[String]) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn executed(&mut self, _: i64, _: u64) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+    fn error(&mut self, m: &str) -> Result<(), tablix_store::Stop> {
+        self.error.get_or_insert_with(|| m.to_string());
+        Ok(())
+    }
+    fn end_statement(&mut self, _: f64) -> Result<(), tablix_store::Stop> {
+        Ok(())
+    }
+}
