@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-fs bench-pipe pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-fs bench-pipe bench-hostile soak pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -56,7 +56,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (not part of `make test`).
-bench: bench-insert bench-pcache bench-fs bench-pipe
+bench: bench-insert bench-pcache bench-fs bench-pipe bench-hostile
 
 bench-pcache: build
 	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
@@ -71,3 +71,12 @@ bench-fs: build
 ## Database pipes against kernel pipes (needs root: it mounts).
 bench-pipe: build
 	./target/release/tablix bench pipe $(BENCH_ARGS)
+
+## The mount's latency and the daemon's memory under hostile SQL clients
+## (needs root: it mounts).
+bench-hostile: build
+	./target/release/tablix bench hostile $(BENCH_ARGS)
+
+## The soak: the hostile benchmark over more files and longer phases.
+soak: build
+	./target/release/tablix bench hostile --files 20000 --seconds 60 $(BENCH_ARGS)

@@ -2,49 +2,114 @@
 //! runs:
 //!
 //! * over the Unix socket in the data directory, to the connecting
-//!   process's credentials (`SO_PEERCRED`, groups from /proc);
+//!   process's credentials (`SO_PEERCRED`, groups from /proc, read when
+//!   it connects);
 //! * over TCP with HTTP Basic credentials, to that API user of the auth
 //!   file;
 //! * over loopback TCP without credentials, to the Unix user who owns the
-//!   client's socket (the kernel's socket table, /proc/net/tcp), so that
+//!   client's socket (asked of the kernel: sock_diag), so that
 //!   rqlite clients on the same machine work unchanged;
 //! * otherwise to nobody: the request is refused (401), unless the auth
 //!   file lets anyone ask for status and readiness.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use tablix_store::Principal;
 
 use crate::auth::{AuthFile, Perms};
 
-/// How a connection reached the daemon.
+/// How a connection reached the daemon; worked out once per connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Peer {
-    /// The Unix socket, with the peer's credentials.
-    Unix {
-        uid: u32,
-        gid: u32,
-        pid: Option<i32>,
-    },
+    /// The Unix socket: the connecting process's credentials.
+    Unix(Local),
     /// TCP; `owner` is the Unix user owning the client's socket when the
     /// client is on this machine's loopback.
     Tcp {
         remote: SocketAddr,
-        owner: Option<u32>,
+        owner: Option<Local>,
         tls: bool,
     },
 }
 
+/// A local Unix user as a connection presents it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Local {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub user: Option<String>,
+}
+
 impl Peer {
-    /// A TCP connection from `remote` to our `local` address.
+    /// A Unix-socket connection from a process with these credentials:
+    /// its supplementary groups are read from /proc now, while it is
+    /// connected (the credentials themselves are the ones it connected
+    /// with). May ask the user database: call off the async workers, or
+    /// try [`Peer::unix_cached`] first.
+    pub fn unix(uid: u32, gid: u32, pid: Option<i32>) -> Peer {
+        Peer::unix_with(uid, gid, pid, accounts().lookup(uid, gid))
+    }
+
+    /// [`Peer::unix`] when the user database's answer is at hand.
+    pub fn unix_cached(uid: u32, gid: u32, pid: Option<i32>) -> Option<Peer> {
+        Some(Peer::unix_with(uid, gid, pid, accounts().cached(uid, gid)?))
+    }
+
+    fn unix_with(uid: u32, gid: u32, pid: Option<i32>, account: Account) -> Peer {
+        let groups = pid.and_then(groups_of_process).unwrap_or(account.groups);
+        Peer::Unix(Local {
+            uid,
+            gid,
+            groups,
+            user: account.user,
+        })
+    }
+
+    /// A TCP connection from `remote` to our `local` address. May read
+    /// the socket tables and ask the user database: call off the async
+    /// workers, or try [`Peer::tcp_cached`] first.
     pub fn tcp(remote: SocketAddr, local: SocketAddr, tls: bool) -> Peer {
         let owner = if is_loopback(remote.ip()) {
-            socket_owner(remote, local)
+            socket_owner(remote, local).map(|uid| owner(uid, accounts().lookup(uid, uid)))
         } else {
             None
         };
         Peer::Tcp { remote, owner, tls }
+    }
+
+    /// [`Peer::tcp`] when it needs nothing that may block: the kernel
+    /// answers sock_diag at once, and the user database's answer is at
+    /// hand. `None`: call [`Peer::tcp`].
+    pub fn tcp_cached(remote: SocketAddr, local: SocketAddr, tls: bool) -> Option<Peer> {
+        if !is_loopback(remote.ip()) {
+            return Some(Peer::Tcp {
+                remote,
+                owner: None,
+                tls,
+            });
+        }
+        let (client, server) = (normalize(remote), normalize(local));
+        let uid = crate::sock_diag::tcp_owner(client, server).ok()?;
+        let account = accounts().cached(uid, uid)?;
+        Some(Peer::Tcp {
+            remote,
+            owner: Some(owner(uid, account)),
+            tls,
+        })
+    }
+}
+
+fn owner(uid: u32, account: Account) -> Local {
+    Local {
+        uid,
+        gid: account.gid,
+        groups: account.groups,
+        user: account.user,
     }
 }
 
@@ -92,10 +157,13 @@ pub fn resolve(
         });
     }
     match peer {
-        Peer::Unix { uid, gid, pid } => Ok(local(*uid, *gid, *pid)),
-        Peer::Tcp {
-            owner: Some(uid), ..
-        } => Ok(local(*uid, primary_gid(*uid).unwrap_or(*uid), None)),
+        Peer::Unix(l)
+        | Peer::Tcp {
+            owner: Some(l), ..
+        } => Ok(Caller {
+            principal: Principal::named(l.uid, l.gid, l.groups.clone(), l.user.as_deref()),
+            perms: Perms::local(l.uid),
+        }),
         Peer::Tcp { remote, .. } => Ok(Caller {
             principal: Principal {
                 name: format!("anonymous client {remote}"),
@@ -115,16 +183,6 @@ pub fn resolve(
                 Ok(c)
             }
         }),
-    }
-}
-
-fn local(uid: u32, gid: u32, pid: Option<i32>) -> Caller {
-    let groups = pid
-        .and_then(groups_of_process)
-        .unwrap_or_else(|| groups_of_user(uid, gid));
-    Caller {
-        principal: Principal::local(uid, gid, groups),
-        perms: Perms::local(uid),
     }
 }
 
@@ -152,24 +210,81 @@ fn groups_of_process(pid: i32) -> Option<Vec<u32>> {
     )
 }
 
-/// The groups the group database gives `uid`.
-fn groups_of_user(uid: u32, gid: u32) -> Vec<u32> {
-    let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else {
-        return Vec::new();
-    };
-    let Ok(name) = std::ffi::CString::new(user.name) else {
-        return Vec::new();
-    };
-    nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(gid))
-        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
-        .unwrap_or_default()
+/// How long a user-database answer is reused: group membership changed
+/// in /etc/group (or a directory service) applies to new connections
+/// within this.
+const ACCOUNT_TTL: Duration = Duration::from_secs(10);
+
+/// Entries kept at most; the cache starts over when full.
+const MAX_ACCOUNTS: usize = 4096;
+
+/// What the user database says of a uid.
+#[derive(Clone, Debug)]
+struct Account {
+    user: Option<String>,
+    gid: u32,
+    groups: Vec<u32>,
 }
 
-fn primary_gid(uid: u32) -> Option<u32> {
-    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+/// User-database answers by (uid, gid asked with), so that a burst of
+/// connections does not parse /etc/passwd and /etc/group (or ask a
+/// directory service) for each.
+#[derive(Default)]
+struct Accounts {
+    cache: Mutex<HashMap<(u32, u32), (Instant, Account)>>,
+}
+
+fn accounts() -> &'static Accounts {
+    static ACCOUNTS: std::sync::OnceLock<Accounts> = std::sync::OnceLock::new();
+    ACCOUNTS.get_or_init(Accounts::default)
+}
+
+impl Accounts {
+    /// A fresh enough answer about `uid`, if one is cached.
+    fn cached(&self, uid: u32, gid: u32) -> Option<Account> {
+        let c = self.cache.lock().ok()?;
+        let (at, a) = c.get(&(uid, gid))?;
+        (at.elapsed() < ACCOUNT_TTL).then(|| a.clone())
+    }
+
+    /// `uid`'s name, primary group and groups; `gid` is the primary group
+    /// to assume when the database does not know `uid`.
+    fn lookup(&self, uid: u32, gid: u32) -> Account {
+        if let Some(a) = self.cached(uid, gid) {
+            return a;
+        }
+        let now = Instant::now();
+        let account = account_of(uid, gid);
+        if let Ok(mut c) = self.cache.lock() {
+            if c.len() >= MAX_ACCOUNTS {
+                c.clear();
+            }
+            c.insert((uid, gid), (now, account.clone()));
+        }
+        account
+    }
+}
+
+/// Asks the user database (NSS) about `uid`.
+fn account_of(uid: u32, gid: u32) -> Account {
+    let Ok(Some(user)) = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) else {
+        return Account {
+            user: None,
+            gid,
+            groups: Vec::new(),
+        };
+    };
+    let primary = user.gid.as_raw();
+    let groups = std::ffi::CString::new(user.name.clone())
         .ok()
-        .flatten()
-        .map(|u| u.gid.as_raw())
+        .and_then(|name| nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(primary)).ok())
+        .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+        .unwrap_or_default();
+    Account {
+        user: Some(user.name),
+        gid: primary,
+        groups,
+    }
 }
 
 fn normalize(a: SocketAddr) -> SocketAddr {
@@ -183,10 +298,27 @@ fn normalize(a: SocketAddr) -> SocketAddr {
 }
 
 /// The owner of the socket whose local address is `client` and remote
-/// address `server`: the kernel's socket tables list both ends of a
-/// loopback connection, each with the uid that created it.
+/// address `server`: both ends of a loopback connection are sockets of
+/// this machine, each owned by the uid that created it. Asked of the
+/// kernel by the exact addresses; where sock_diag is unavailable, found
+/// in the socket tables under /proc/net instead (slower: they list every
+/// socket).
 fn socket_owner(client: SocketAddr, server: SocketAddr) -> Option<u32> {
     let (client, server) = (normalize(client), normalize(server));
+    match crate::sock_diag::tcp_owner(client, server) {
+        Ok(uid) => return Some(uid),
+        Err(crate::sock_diag::DiagError::Kernel(_)) => {
+            // A client socket of the other family (an IPv6 socket speaking
+            // to a mapped IPv4 address).
+            if let (IpAddr::V4(c), IpAddr::V4(s)) = (client.ip(), server.ip()) {
+                let c6 = SocketAddr::new(IpAddr::V6(c.to_ipv6_mapped()), client.port());
+                let s6 = SocketAddr::new(IpAddr::V6(s.to_ipv6_mapped()), server.port());
+                return crate::sock_diag::tcp_owner(c6, s6).ok();
+            }
+            return None;
+        }
+        Err(e) => tracing::debug!("{e}; reading /proc/net/tcp instead"),
+    }
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = std::fs::read_to_string(table) else {
             continue;
@@ -267,11 +399,12 @@ mod tests {
         let auth =
             AuthFile::parse(br#"[{"username": "bob", "password": "pw", "perms": ["query"]}]"#)
                 .unwrap();
-        let unix = Peer::Unix {
+        let unix = Peer::Unix(Local {
             uid: 1000,
             gid: 1000,
-            pid: None,
-        };
+            groups: vec![1000],
+            user: None,
+        });
         let c = resolve(&unix, None, &auth).unwrap();
         assert_eq!(c.principal.uid, 1000);
         assert!(c.perms.execute && !c.perms.raw);
@@ -298,7 +431,12 @@ mod tests {
         assert!(resolve(&unix, Some(&wrong), &auth).is_err());
         let loopback = Peer::Tcp {
             remote: "127.0.0.1:5000".parse().unwrap(),
-            owner: Some(0),
+            owner: Some(Local {
+                uid: 0,
+                gid: 0,
+                groups: vec![0],
+                user: Some("root".into()),
+            }),
             tls: false,
         };
         assert!(resolve(&loopback, None, &auth).unwrap().perms.raw);

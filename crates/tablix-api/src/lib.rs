@@ -23,11 +23,12 @@ mod identity;
 mod listen;
 mod options;
 mod server;
+mod sock_diag;
 
 pub use auth::{AuthFile, Perms};
 pub use body::parse_statements;
 pub use identity::{Caller, Peer};
-pub use listen::{Endpoint, serve, tls_acceptor};
+pub use listen::{ConnectionGone, Endpoint, serve, tls_acceptor};
 pub use options::{Level, Options, duration as parse_duration};
 pub use server::{ApiConfig, ServerInfo, router};
 pub use tokio_rustls::TlsAcceptor;

@@ -22,6 +22,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tower::ServiceExt;
 
+use tablix_store::Cancel;
+
 use crate::identity::Peer;
 
 /// How long a TLS client may take to finish its handshake.
@@ -197,7 +199,10 @@ pub async fn serve(
 
 async fn accept(endpoint: Endpoint, router: Router, graceful: Arc<GracefulShutdown>) {
     loop {
-        let (conn, peer) = match &endpoint {
+        // Each connection is attributed in its own task: a slow user
+        // database delays that connection, never the accepting of others.
+        let (router, watcher) = (router.clone(), graceful.watcher());
+        match &endpoint {
             Endpoint::Tcp { listener, tls } => {
                 let (stream, remote) = match listener.accept().await {
                     Ok(c) => c,
@@ -208,35 +213,21 @@ async fn accept(endpoint: Endpoint, router: Router, graceful: Arc<GracefulShutdo
                 };
                 let _ = stream.set_nodelay(true);
                 let local = stream.local_addr().unwrap_or(remote);
-                // Reading the kernel's socket table: a file read, off the
-                // async workers.
-                let has_tls = tls.is_some();
-                let peer = tokio::task::spawn_blocking(move || Peer::tcp(remote, local, has_tls))
-                    .await
-                    .unwrap_or(Peer::Tcp {
-                        remote,
-                        owner: None,
-                        tls: has_tls,
-                    });
-                match tls {
-                    Some(acceptor) => {
-                        let acceptor = acceptor.clone();
-                        let (router, watcher) = (router.clone(), graceful.watcher());
-                        tokio::spawn(async move {
-                            match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                                Ok(Ok(s)) => {
-                                    connection(Conn::Tls(Box::new(s)), peer, router, watcher).await
-                                }
-                                Ok(Err(e)) => {
-                                    tracing::debug!("TLS handshake with {remote} failed: {e}")
-                                }
-                                Err(_) => tracing::debug!("TLS handshake with {remote} timed out"),
-                            }
-                        });
-                        continue;
+                let probe = Probe::of(&stream);
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    let peer = tcp_peer(remote, local, tls.is_some()).await;
+                    let Some(acceptor) = tls else {
+                        return connection(Conn::Plain(stream), probe, peer, router, watcher).await;
+                    };
+                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => {
+                            connection(Conn::Tls(Box::new(s)), probe, peer, router, watcher).await
+                        }
+                        Ok(Err(e)) => tracing::debug!("TLS handshake with {remote} failed: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake with {remote} timed out"),
                     }
-                    None => (Conn::Plain(stream), peer),
-                }
+                });
             }
             Endpoint::Unix { listener, .. } => {
                 let (stream, _) = match listener.accept().await {
@@ -249,16 +240,46 @@ async fn accept(endpoint: Endpoint, router: Router, graceful: Arc<GracefulShutdo
                 let Ok(cred) = stream.peer_cred() else {
                     continue;
                 };
-                let peer = Peer::Unix {
-                    uid: cred.uid(),
-                    gid: cred.gid(),
-                    pid: cred.pid(),
-                };
-                (Conn::Unix(stream), peer)
+                let probe = Probe::of(&stream);
+                tokio::spawn(async move {
+                    let peer = unix_peer(cred.uid(), cred.gid(), cred.pid()).await;
+                    connection(Conn::Unix(stream), probe, peer, router, watcher).await
+                });
             }
-        };
-        tokio::spawn(connection(conn, peer, router.clone(), graceful.watcher()));
+        }
     }
+}
+
+/// Who is on the other end of a TCP connection; what may block (the user
+/// database, the socket tables) runs off the async workers.
+async fn tcp_peer(remote: SocketAddr, local: SocketAddr, tls: bool) -> Peer {
+    if let Some(p) = Peer::tcp_cached(remote, local, tls) {
+        return p;
+    }
+    tokio::task::spawn_blocking(move || Peer::tcp(remote, local, tls))
+        .await
+        .unwrap_or(Peer::Tcp {
+            remote,
+            owner: None,
+            tls,
+        })
+}
+
+/// Who is on the other end of a Unix-socket connection.
+async fn unix_peer(uid: u32, gid: u32, pid: Option<i32>) -> Peer {
+    if let Some(p) = Peer::unix_cached(uid, gid, pid) {
+        return p;
+    }
+    tokio::task::spawn_blocking(move || Peer::unix(uid, gid, pid))
+        .await
+        .unwrap_or_else(|_| {
+            Peer::Unix(crate::identity::Local {
+                uid,
+                gid,
+                groups: Vec::new(),
+                user: None,
+            })
+        })
 }
 
 /// Accept errors (out of descriptors, mostly) are retried after a pause.
@@ -267,14 +288,71 @@ async fn backoff(e: std::io::Error) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-async fn connection(conn: Conn, peer: Peer, router: Router, watcher: Watcher) {
+/// Cancelled when a connection's client has gone: every request on it
+/// links its own cancellation to this.
+#[derive(Clone, Debug)]
+pub struct ConnectionGone(pub Cancel);
+
+/// How often a connection is checked for a departed client.
+const HANGUP_CHECK: Duration = Duration::from_millis(200);
+
+/// A duplicate of a connection's socket, only ever peeked at.
+struct Probe(std::os::fd::OwnedFd);
+
+impl Probe {
+    /// Duplicates `socket`'s descriptor (which stays registered with the
+    /// reactor).
+    fn of(socket: &impl std::os::fd::AsFd) -> Option<Probe> {
+        socket.as_fd().try_clone_to_owned().ok().map(Probe)
+    }
+
+    /// Whether the client has closed its end (or the socket failed).
+    fn hung_up(&self) -> bool {
+        let mut byte = [0u8; 1];
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.0);
+        let flags = nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT;
+        match nix::sys::socket::recv(fd, &mut byte, flags) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(nix::errno::Errno::EAGAIN) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+/// Watches a duplicate of the connection's socket for its client's end of
+/// stream. (hyper notices a client that hangs up only when it next reads,
+/// and a request that said `Connection: close` is not read again.)
+async fn watch_hangup(probe: Probe, gone: Cancel) {
+    loop {
+        tokio::time::sleep(HANGUP_CHECK).await;
+        if probe.hung_up() {
+            gone.cancel();
+            return;
+        }
+    }
+}
+
+async fn connection(
+    conn: Conn,
+    probe: Option<Probe>,
+    peer: Peer,
+    router: Router,
+    watcher: Watcher,
+) {
+    let gone = Cancel::new();
+    let hangup = probe.map(|p| tokio::spawn(watch_hangup(p, gone.clone())));
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         req.extensions_mut().insert(peer.clone());
+        req.extensions_mut().insert(ConnectionGone(gone.clone()));
         router.clone().oneshot(req)
     });
     let conn =
         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(conn), service);
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!("connection ended: {e}");
+    }
+    if let Some(h) = hangup {
+        h.abort();
     }
 }

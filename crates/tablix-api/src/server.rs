@@ -124,8 +124,8 @@ impl From<StoreError> for Failure {
     }
 }
 
-/// The caller of a request.
-struct Who(Caller);
+/// The caller of a request, and its connection's hang-up signal.
+struct Who(Caller, Option<Cancel>);
 
 impl FromRequestParts<Arc<App>> for Who {
     type Rejection = Failure;
@@ -141,8 +141,12 @@ impl FromRequestParts<Arc<App>> for Who {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
+        let gone = parts
+            .extensions
+            .get::<crate::listen::ConnectionGone>()
+            .map(|g| g.0.clone());
         identity::resolve(peer, authorization, &app.auth)
-            .map(Who)
+            .map(|c| Who(c, gone))
             .map_err(|Refusal::Unauthenticated(m)| Failure(StatusCode::UNAUTHORIZED, m))
     }
 }
@@ -190,7 +194,9 @@ impl Drop for CancelOnDrop {
 }
 
 impl App {
-    fn limits(&self, o: &Options, write: bool) -> Limits {
+    /// A request's bounds: the daemon's, or tighter as it asks; cancelled
+    /// when its connection's client goes away.
+    fn limits(&self, o: &Options, write: bool, gone: Option<&Cancel>) -> Limits {
         let c = self.store.config();
         let mut limits = if write {
             c.write_limits()
@@ -200,52 +206,67 @@ impl App {
         if let Some(t) = o.db_timeout {
             limits.timeout = limits.timeout.min(t);
         }
+        if let Some(g) = gone {
+            limits.cancel = Cancel::linked(g);
+        }
         limits
     }
 }
 
-/// Replays gathered results into an encoder.
+/// Replays gathered results into an encoder. Results that outgrow the
+/// bound as encoded end, as streamed ones do, at a row with the error.
 fn replay(outcomes: &[StatementOutcome], sink: &mut dyn Sink) -> Result<(), Stop> {
     for out in outcomes {
-        match &out.result {
-            StatementResult::Rows(rows) => {
-                sink.columns(&rows.columns)?;
-                for row in &rows.values {
-                    let cells: Vec<Cell<'_>> = row
-                        .iter()
-                        .map(|v| match v {
-                            Value::Null => Cell::Null,
-                            Value::Integer(i) => Cell::Integer(*i),
-                            Value::Real(f) => Cell::Real(*f),
-                            Value::Text(t) => Cell::Text(t.as_bytes()),
-                            Value::Blob(b) => Cell::Blob(b),
-                        })
-                        .collect();
-                    sink.row(&cells)?;
-                }
-                sink.end_rows(&rows.types)?;
-            }
+        let r = match &out.result {
+            StatementResult::Rows(rows) => replay_rows(rows, sink),
             StatementResult::Executed {
                 last_insert_id,
                 rows_affected,
-            } => sink.executed(*last_insert_id, *rows_affected)?,
-            StatementResult::Error(m) => sink.error(m)?,
+            } => sink.executed(*last_insert_id, *rows_affected),
+            StatementResult::Error(m) => sink.error(m),
+        };
+        match r {
+            Ok(()) => sink.end_statement(out.seconds)?,
+            Err(Stop::TooLarge(m)) => {
+                sink.error(&m)?;
+                sink.end_statement(out.seconds)?;
+                return Err(Stop::TooLarge(m));
+            }
+            Err(Stop::Gone) => return Err(Stop::Gone),
         }
-        sink.end_statement(out.seconds)?;
     }
     Ok(())
 }
 
+fn replay_rows(rows: &tablix_store::Rows, sink: &mut dyn Sink) -> Result<(), Stop> {
+    sink.columns(&rows.columns)?;
+    for row in &rows.values {
+        let cells: Vec<Cell<'_>> = row
+            .iter()
+            .map(|v| match v {
+                Value::Null => Cell::Null,
+                Value::Integer(i) => Cell::Integer(*i),
+                Value::Real(f) => Cell::Real(*f),
+                Value::Text(t) => Cell::Text(t.as_bytes()),
+                Value::Blob(b) => Cell::Blob(b),
+            })
+            .collect();
+        sink.row(&cells)?;
+    }
+    sink.end_rows(&rows.types)
+}
+
 async fn write(
     app: &App,
-    caller: &Caller,
+    who: &Who,
     sts: Vec<Statement>,
     o: &Options,
     shape: Shape,
 ) -> Result<Response, Failure> {
+    let caller = &who.0;
     require(caller.perms.execute, caller, "execute")?;
     let started = Instant::now();
-    let limits = app.limits(o, true);
+    let limits = app.limits(o, true, who.1.as_ref());
     let _cancel = CancelOnDrop(limits.cancel.clone());
     let max = limits.max_result_bytes;
     let command = Command::Sql {
@@ -298,13 +319,14 @@ impl Out for Channel {
 
 async fn read(
     app: &Arc<App>,
-    caller: &Caller,
+    who: &Who,
     sts: Vec<Statement>,
     o: &Options,
 ) -> Result<Response, Failure> {
+    let caller = &who.0;
     require(caller.perms.query, caller, "query")?;
     let started = Instant::now();
-    let limits = app.limits(o, false);
+    let limits = app.limits(o, false, who.1.as_ref());
     let cancel = CancelOnDrop(limits.cancel.clone());
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
     let (start_tx, start_rx) = oneshot::channel();
@@ -364,12 +386,12 @@ fn enc_start(enc: Encoder<Channel>) -> Option<oneshot::Sender<Result<(), Failure
 
 async fn unified(
     app: &Arc<App>,
-    caller: &Caller,
+    who: &Who,
     sts: Vec<Statement>,
     o: &Options,
 ) -> Result<Response, Failure> {
     let store = Arc::clone(&app.store);
-    let principal = caller.principal.clone();
+    let principal = who.0.principal.clone();
     let (sts, reads) = tokio::task::spawn_blocking(move || {
         let r = store.classify(&principal, &sts);
         (sts, r)
@@ -377,9 +399,9 @@ async fn unified(
     .await
     .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     if reads? {
-        read(app, caller, sts, o).await
+        read(app, who, sts, o).await
     } else {
-        write(app, caller, sts, o, Shape::Mixed).await
+        write(app, who, sts, o, Shape::Mixed).await
     }
 }
 
@@ -401,10 +423,10 @@ async fn execute(
 ) -> Response {
     reply(
         async {
-            let Who(caller) = who?;
+            let who = who?;
             let o = options(&q)?;
             let sts = statements(body)?;
-            write(&app, &caller, sts, &o, Shape::Execute).await
+            write(&app, &who, sts, &o, Shape::Execute).await
         }
         .await,
     )
@@ -417,9 +439,9 @@ async fn query_get(
 ) -> Response {
     reply(
         async {
-            let Who(caller) = who?;
+            let who = who?;
             let o = options(&q)?;
-            read(&app, &caller, q_statement(&o)?, &o).await
+            read(&app, &who, q_statement(&o)?, &o).await
         }
         .await,
     )
@@ -433,9 +455,9 @@ async fn query_post(
 ) -> Response {
     reply(
         async {
-            let Who(caller) = who?;
+            let who = who?;
             let o = options(&q)?;
-            read(&app, &caller, statements(body)?, &o).await
+            read(&app, &who, statements(body)?, &o).await
         }
         .await,
     )
@@ -448,9 +470,9 @@ async fn request_get(
 ) -> Response {
     reply(
         async {
-            let Who(caller) = who?;
+            let who = who?;
             let o = options(&q)?;
-            unified(&app, &caller, q_statement(&o)?, &o).await
+            unified(&app, &who, q_statement(&o)?, &o).await
         }
         .await,
     )
@@ -464,9 +486,9 @@ async fn request_post(
 ) -> Response {
     reply(
         async {
-            let Who(caller) = who?;
+            let who = who?;
             let o = options(&q)?;
-            unified(&app, &caller, statements(body)?, &o).await
+            unified(&app, &who, statements(body)?, &o).await
         }
         .await,
     )
@@ -474,7 +496,7 @@ async fn request_post(
 
 async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
     reply((|| {
-        let Who(caller) = who?;
+        let Who(caller, _) = who?;
         require(caller.perms.status, &caller, "status")?;
         let c = app.store.config();
         Ok(Json(json!({
@@ -525,7 +547,7 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
 /// Ready when the store takes Commands: answered without a reader, so a
 /// busy daemon still says it is alive.
 async fn readyz(State(app): Shared, who: Result<Who, Failure>) -> Response {
-    let ready = who.and_then(|Who(caller)| require(caller.perms.ready, &caller, "ready"));
+    let ready = who.and_then(|Who(caller, _)| require(caller.perms.ready, &caller, "ready"));
     if let Err(f) = ready {
         return f.into_response();
     }

@@ -556,6 +556,8 @@ fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, Er
         .query_row(params![lo, hi], |r| r.get(0))?;
     conn.prepare_cached("DELETE FROM tablix_block WHERE id BETWEEN ?1 AND ?2")?
         .execute(params![lo, hi])?;
+    conn.prepare_cached("DELETE FROM tablix_block_sum WHERE id BETWEEN ?1 AND ?2")?
+        .execute(params![lo, hi])?;
     Ok(freed as u64)
 }
 
@@ -613,8 +615,22 @@ fn block_len(conn: &Connection, key: i64) -> Result<u64, Errno> {
 
 /// Stores a whole block with its checksum.
 fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
-    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data, crc) VALUES (?1, ?2, ?3)")?
-        .execute(params![key, data, &checksum::of(data)[..]])?;
+    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data) VALUES (?1, ?2)")?
+        .execute(params![key, data])?;
+    store_sum(conn, key, checksum::of(data))
+}
+
+fn delete_block(conn: &Connection, key: i64) -> Result<(), Errno> {
+    conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
+        .execute(params![key])?;
+    conn.prepare_cached("DELETE FROM tablix_block_sum WHERE id = ?1")?
+        .execute(params![key])?;
+    Ok(())
+}
+
+fn store_sum(conn: &Connection, key: i64, sum: [u8; 4]) -> Result<(), Errno> {
+    conn.prepare_cached("INSERT OR REPLACE INTO tablix_block_sum(id, crc) VALUES (?1, ?2)")?
+        .execute(params![key, &sum[..]])?;
     Ok(())
 }
 
@@ -624,7 +640,7 @@ fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
 /// and a rewritten file keeps its pages where they were instead of freeing
 /// them and allocating others from the freelist, scattered. The checksum
 /// follows the patch without reading the rest of the block; a block stored
-/// before checksums existed keeps none.
+/// before checksums existed keeps none until it is written whole.
 fn patch_block(
     conn: &Connection,
     key: i64,
@@ -633,36 +649,25 @@ fn patch_block(
     stored: u64,
 ) -> Result<(), Errno> {
     let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
-    let whole = lo == 0 && piece.len() as u64 == stored;
-    let mut old = Vec::new();
-    if !whole {
-        old = vec![0u8; piece.len()];
-        blob.read_at_exact(&mut old, lo)?;
+    if lo == 0 && piece.len() as u64 == stored {
+        blob.write_all_at(piece, 0)?;
+        drop(blob);
+        return store_sum(conn, key, checksum::of(piece));
     }
+    let mut old = vec![0u8; piece.len()];
+    blob.read_at_exact(&mut old, lo)?;
     blob.write_all_at(piece, lo)?;
     drop(blob);
-    // A NULL checksum (a block from before checksums) cannot be opened as
-    // a blob (SQLITE_ERROR): it stays unverified until the block is stored
-    // whole.
-    let mut sum = match conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "crc", key, false) {
-        Ok(sum) => sum,
-        Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::Unknown) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    if sum.size() != 4 {
+    let sum: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT crc FROM tablix_block_sum WHERE id = ?1")?
+        .query_row(params![key], |r| r.get(0))
+        .optional()?;
+    let Some(Ok(sum)) = sum.map(<[u8; 4]>::try_from) else {
         return Ok(());
-    }
-    let mut stored_crc = [0u8; 4];
-    sum.read_at_exact(&mut stored_crc, 0)?;
-    let new = if whole {
-        checksum::of(piece)
-    } else {
-        let after = stored as usize - lo - piece.len();
-        let old_crc = u32::from_be_bytes(stored_crc);
-        checksum::patched(old_crc, &old, piece, after).to_be_bytes()
     };
-    sum.write_all_at(&new, 0)?;
-    Ok(())
+    let after = stored as usize - lo - piece.len();
+    let new = checksum::patched(u32::from_be_bytes(sum), &old, piece, after);
+    store_sum(conn, key, new.to_be_bytes())
 }
 
 /// Writes `data` at `offset` of block range; returns the change in bytes
@@ -741,8 +746,7 @@ fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Er
         };
         if span.lo == 0 && (span.hi as u64 == BLOCK_SIZE || span.hi >= block.len()) {
             delta -= block.len() as i64;
-            conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
-                .execute(params![key])?;
+            delete_block(conn, key)?;
         } else if span.lo < block.len() {
             let top = span.hi.min(block.len());
             block[span.lo..top].fill(0);

@@ -105,7 +105,7 @@ pub fn check(
         &mut r,
         "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode p ON p.ino = d.parent
          WHERE p.ino IS NULL OR (p.mode & 61440) != 16384",
-        "DELETE FROM tablix_dirent WHERE id = ?1",
+        &["DELETE FROM tablix_dirent WHERE id = ?1"],
         |id| format!("2: entry {id} is in a missing or non-directory parent"),
         |id| format!("removed entry {id}"),
     )?;
@@ -114,7 +114,7 @@ pub fn check(
         repair,
         &mut r,
         "SELECT d.id FROM tablix_dirent d LEFT JOIN tablix_inode i ON i.ino = d.ino WHERE i.ino IS NULL",
-        "DELETE FROM tablix_dirent WHERE id = ?1",
+        &["DELETE FROM tablix_dirent WHERE id = ?1"],
         |id| format!("3: entry {id} names a missing inode"),
         |id| format!("removed dangling entry {id}"),
     )?;
@@ -231,7 +231,7 @@ pub fn check(
         &mut r,
         "SELECT s.ino FROM tablix_symlink s LEFT JOIN tablix_inode i ON i.ino = s.ino
          WHERE i.ino IS NULL OR (i.mode & 61440) != 40960",
-        "DELETE FROM tablix_symlink WHERE ino = ?1",
+        &["DELETE FROM tablix_symlink WHERE ino = ?1"],
         |ino| format!("7: inode {ino} has a symlink target but is not a symlink"),
         |ino| format!("removed the stray target of {ino}"),
     )?;
@@ -261,12 +261,29 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
         r,
         "SELECT b.id FROM tablix_block b LEFT JOIN tablix_inode i ON i.ino = b.id >> 24
          WHERE i.ino IS NULL OR (i.mode & 61440) != 32768",
-        "DELETE FROM tablix_block WHERE id = ?1",
+        &[
+            "DELETE FROM tablix_block WHERE id = ?1",
+            "DELETE FROM tablix_block_sum WHERE id = ?1",
+        ],
         |id| {
             let (ino, index) = split_block_key(id);
             format!("6: block {index} of inode {ino} belongs to no regular file")
         },
         |id| format!("removed block {id}"),
+    )?;
+    // Checksums of blocks that are gone.
+    remove_found(
+        conn,
+        repair,
+        r,
+        "SELECT s.id FROM tablix_block_sum s LEFT JOIN tablix_block b ON b.id = s.id
+         WHERE b.id IS NULL",
+        &["DELETE FROM tablix_block_sum WHERE id = ?1"],
+        |id| {
+            let (ino, index) = split_block_key(id);
+            format!("11: block {index} of inode {ino} has a checksum but no data")
+        },
+        |id| format!("removed the checksum of missing block {id}"),
     )?;
     // Bytes stored past the size.
     let past: Vec<(i64, i64, i64, i64)> = {
@@ -289,6 +306,7 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
             let start = idx * BLOCK_SIZE as i64;
             if start >= size {
                 conn.execute("DELETE FROM tablix_block WHERE id = ?1", params![id])?;
+                conn.execute("DELETE FROM tablix_block_sum WHERE id = ?1", params![id])?;
             } else {
                 let keep: Vec<u8> = conn.query_row(
                     "SELECT substr(data, 1, ?2) FROM tablix_block WHERE id = ?1",
@@ -296,8 +314,12 @@ fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), E
                     |row| row.get(0),
                 )?;
                 conn.execute(
-                    "UPDATE tablix_block SET data = ?2, crc = ?3 WHERE id = ?1",
-                    params![id, keep, &checksum::of(&keep)[..]],
+                    "UPDATE tablix_block SET data = ?2 WHERE id = ?1",
+                    params![id, keep],
+                )?;
+                conn.execute(
+                    "INSERT OR REPLACE INTO tablix_block_sum(id, crc) VALUES (?1, ?2)",
+                    params![id, &checksum::of(&keep)[..]],
                 )?;
             }
             r.repairs
@@ -376,7 +398,8 @@ pub fn verify_blocks(
     r: &mut Report,
 ) -> Result<(Option<i64>, u64), Errno> {
     let mut st = conn.prepare_cached(
-        "SELECT id, data, crc FROM tablix_block WHERE id > ?1 ORDER BY id LIMIT ?2",
+        "SELECT b.id, b.data, s.crc FROM tablix_block b LEFT JOIN tablix_block_sum s ON s.id = b.id
+         WHERE b.id > ?1 ORDER BY b.id LIMIT ?2",
     )?;
     let mut rows = st.query(params![after, limit])?;
     let mut last = None;
@@ -442,14 +465,16 @@ fn remove_found(
     repair: bool,
     r: &mut Report,
     find: &str,
-    delete: &str,
+    delete: &[&str],
     problem: impl Fn(i64) -> String,
     repaired: impl Fn(i64) -> String,
 ) -> Result<(), Errno> {
     for key in all::<i64>(conn, find)? {
         r.problems.push(problem(key));
         if repair {
-            conn.execute(delete, params![key])?;
+            for sql in delete {
+                conn.execute(sql, params![key])?;
+            }
             r.repairs.push(repaired(key));
         }
     }

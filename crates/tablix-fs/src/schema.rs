@@ -195,6 +195,24 @@ DELETE FROM main.sqlite_sequence WHERE name = 'tablix_inode';
 ALTER TABLE main.tablix_block ADD COLUMN crc BLOB;
 ";
 
+/// The store's migration 4, after [`MIGRATION_3`]. Frozen once released.
+///
+/// Checksums move to their own table, `tablix_block_sum` (`crc`: CRC-32 of
+/// the block's `data`, 4 bytes big-endian; no row for a block written
+/// before checksums). As the last column of a 64 KiB row a checksum lay at
+/// the end of the row's overflow chain, so patching a block walked the
+/// whole chain and dirtied its last page; as a row of its own it shares a
+/// small leaf page with its neighbours' sums.
+pub const MIGRATION_4: &str = "
+CREATE TABLE main.tablix_block_sum(
+    id  INTEGER PRIMARY KEY,
+    crc BLOB NOT NULL
+) STRICT;
+INSERT INTO main.tablix_block_sum(id, crc)
+    SELECT id, crc FROM main.tablix_block WHERE crc IS NOT NULL;
+ALTER TABLE main.tablix_block DROP COLUMN crc;
+";
+
 /// The file system as SQL users see it: `files`, one row per path the
 /// querying user could look up (every directory on the way searchable by
 /// them, as `tablix_may` decides). Created in the temp schema of each

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use crate::check::{self, Options, Report};
 use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, MIGRATION_3, SCHEMA};
+use crate::schema::{BLOCK_SIZE, MIGRATION_3, MIGRATION_4, SCHEMA};
 use crate::{Errno, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
@@ -19,16 +19,19 @@ fn fs_v2() -> Connection {
     c
 }
 
-fn migrate_3(c: &Connection) {
+/// Runs the migrations from 3 on, as the store does.
+fn migrate(c: &Connection, migrations: &[&str]) {
     c.execute_batch("PRAGMA legacy_alter_table = ON; PRAGMA foreign_keys = OFF;")
         .expect("pragmas");
-    c.execute_batch(&format!("BEGIN; {MIGRATION_3} COMMIT;"))
-        .expect("migration 3");
+    for m in migrations {
+        c.execute_batch(&format!("BEGIN; {m} COMMIT;"))
+            .expect("migration");
+    }
 }
 
 fn fs() -> Connection {
     let c = fs_v2();
-    migrate_3(&c);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
 }
@@ -239,12 +242,10 @@ fn checksums_catch_damaged_data_and_name_the_file() {
 
 #[test]
 fn blocks_from_before_checksums_stay_readable_and_count_as_unverified() {
-    let c = fs_v2();
-    migrate_3(&c);
-    apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
+    let c = fs();
     let f = node(&c, ROOT, "old", libc::S_IFREG | 0o644);
     write(&c, f, 0, &vec![5u8; 1000]);
-    c.execute("UPDATE tablix_block SET crc = NULL", [])
+    c.execute("DELETE FROM tablix_block_sum", [])
         .expect("legacy");
     // A patch inside the stored bytes keeps it unverified, not wrong.
     write(&c, f, 10, b"new");
@@ -262,6 +263,71 @@ fn blocks_from_before_checksums_stay_readable_and_count_as_unverified() {
 }
 
 #[test]
+fn migration_4_moves_checksums_and_keeps_data() {
+    let c = fs_v2();
+    migrate(&c, &[MIGRATION_3]);
+    // Two blocks of one file as migration 3 stored them: one with its
+    // checksum in the row, one from before checksums.
+    let (a, b) = (vec![1u8; BLOCK_SIZE as usize], vec![2u8; 100]);
+    c.execute(
+        "INSERT INTO tablix_inode(ino, mode, nlink, uid, gid, size, allocated, atime_ns, mtime_ns, ctime_ns, btime_ns)
+             VALUES (2, 33188, 1, 0, 0, ?1, ?1, 0, 0, 0, 0)",
+        [BLOCK_SIZE as i64 + 100],
+    )
+    .expect("inode");
+    c.execute(
+        "INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('f' AS BLOB), 2)",
+        [],
+    )
+    .expect("entry");
+    c.execute(
+        "INSERT INTO tablix_block(id, data, crc) VALUES (?1, ?2, ?3), (?4, ?5, NULL)",
+        rusqlite::params![
+            crate::schema::block_key(2, 0),
+            a,
+            &crate::checksum::of(&a)[..],
+            crate::schema::block_key(2, 1),
+            b
+        ],
+    )
+    .expect("blocks");
+    migrate(&c, &[MIGRATION_4]);
+    apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
+    let r = check(&c, 2, false).expect("check");
+    assert!(r.is_clean(), "{r:?}");
+    assert_eq!((r.verified_blocks, r.unverified_blocks), (1, 1));
+    let back = read::read(&c, 2, 0, BLOCK_SIZE as u32 + 100).expect("read");
+    assert_eq!(&back[..BLOCK_SIZE as usize], &a[..]);
+    assert_eq!(&back[BLOCK_SIZE as usize..], &b[..]);
+    let columns: i64 = c
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('tablix_block')",
+            [],
+            |r| r.get(0),
+        )
+        .expect("columns");
+    assert_eq!(columns, 2, "the row keeps only id and data");
+}
+
+#[test]
+fn checksums_of_missing_blocks_are_found_and_removed() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    write(&c, f, 0, &[3u8; 10]);
+    c.execute("DELETE FROM tablix_block", [])
+        .expect("lose data");
+    c.execute(
+        "UPDATE tablix_inode SET size = 0, allocated = 0 WHERE ino = ?1",
+        [f as i64],
+    )
+    .expect("size");
+    let r = check(&c, 2, true).expect("check");
+    assert_eq!(r.problems.len(), 1, "{r:?}");
+    assert!(r.problems[0].contains("checksum but no data"), "{r:?}");
+    assert!(check(&c, 3, false).expect("check").is_clean());
+}
+
+#[test]
 fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
     let c = fs_v2();
     // Before migration 3, AUTOINCREMENT numbered inodes; the highest ever
@@ -276,7 +342,7 @@ fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
          INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
     )
     .expect("old rows");
-    migrate_3(&c);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4]);
     let seq: i64 = c
         .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
         .expect("sequence");

@@ -23,20 +23,37 @@ pub(crate) const PROGRESS_OPS: i32 = 1000;
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
 /// Set to stop a request: the API sets it when the client disconnects.
+/// A linked one is also cancelled by its parent (the request's
+/// connection), not the other way round.
 #[derive(Clone, Debug, Default)]
-pub struct Cancel(Arc<AtomicBool>);
+pub struct Cancel {
+    own: Arc<AtomicBool>,
+    parent: Option<Arc<AtomicBool>>,
+}
 
 impl Cancel {
     pub fn new() -> Cancel {
         Cancel::default()
     }
 
+    /// A cancellation of its own that `parent`'s cancels too.
+    pub fn linked(parent: &Cancel) -> Cancel {
+        Cancel {
+            own: Arc::default(),
+            parent: Some(Arc::clone(&parent.own)),
+        }
+    }
+
     pub fn cancel(&self) {
-        self.0.store(true, Ordering::Release);
+        self.own.store(true, Ordering::Release);
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.own.load(Ordering::Acquire)
+            || self
+                .parent
+                .as_ref()
+                .is_some_and(|p| p.load(Ordering::Acquire))
     }
 }
 
@@ -71,6 +88,14 @@ fn now_ns() -> u64 {
 
 const NO_DEADLINE: u64 = u64::MAX;
 
+/// How many requests were stopped, and why; shared by a store's guards.
+#[derive(Debug, Default)]
+pub(crate) struct StopCounts {
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) shut_down: AtomicU64,
+}
+
 /// One connection's view of the request it runs.
 #[derive(Debug)]
 pub(crate) struct Guard {
@@ -80,16 +105,18 @@ pub(crate) struct Guard {
     stopped: AtomicU8,
     /// The store is shutting down: stop everything.
     shutdown: Arc<AtomicBool>,
+    counts: Arc<StopCounts>,
 }
 
 impl Guard {
-    pub(crate) fn new(shutdown: Arc<AtomicBool>) -> Guard {
+    pub(crate) fn new(shutdown: Arc<AtomicBool>, counts: Arc<StopCounts>) -> Guard {
         Guard {
             deadline_ns: AtomicU64::new(NO_DEADLINE),
             timeout_ms: AtomicU64::new(0),
             cancel: Mutex::new(None),
             stopped: AtomicU8::new(Stopped::Running as u8),
             shutdown,
+            counts,
         }
     }
 
@@ -131,12 +158,23 @@ impl Guard {
         } else {
             return false;
         };
-        let _ = self.stopped.compare_exchange(
-            Stopped::Running as u8,
-            why as u8,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
+        let first = self
+            .stopped
+            .compare_exchange(
+                Stopped::Running as u8,
+                why as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok();
+        if first {
+            let counter = match why {
+                Stopped::TimedOut => &self.counts.timed_out,
+                Stopped::Cancelled => &self.counts.cancelled,
+                _ => &self.counts.shut_down,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
         true
     }
 
@@ -181,13 +219,25 @@ struct Registry {
     entries: Vec<Entry>,
     next_id: u64,
     closed: bool,
+    /// The thread sleeps long (nothing was running): a new entry must
+    /// wake it. While it polls, entries need no wake-up (one fewer
+    /// context switch per request under load).
+    parked: bool,
+    /// When the last entry was added: the thread parks only after
+    /// [`LINGER`] without one, so that a steady stream of short requests,
+    /// each over before the thread looks, does not wake it once apiece.
+    last_watch: Option<Instant>,
 }
+
+/// How long the watchdog goes on polling after the last request began.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Interrupts statements that outlive their request's bounds.
 pub(crate) struct Watchdog {
     registry: Mutex<Registry>,
     wake: Condvar,
     shutdown: Arc<AtomicBool>,
+    pub(crate) counts: Arc<StopCounts>,
 }
 
 /// A request registered with the watchdog; deregisters when dropped.
@@ -210,6 +260,7 @@ impl Watchdog {
             registry: Mutex::new(Registry::default()),
             wake: Condvar::new(),
             shutdown,
+            counts: Arc::default(),
         });
         let weak = Arc::downgrade(&dog);
         std::thread::Builder::new()
@@ -218,8 +269,9 @@ impl Watchdog {
         Ok(dog)
     }
 
-    pub(crate) fn shutdown_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.shutdown)
+    /// A guard for a connection whose requests this watchdog watches.
+    pub(crate) fn guard(&self) -> Guard {
+        Guard::new(Arc::clone(&self.shutdown), Arc::clone(&self.counts))
     }
 
     /// Watches a request running on the connection `handle` belongs to.
@@ -233,8 +285,12 @@ impl Watchdog {
             handle,
             interrupted: false,
         });
+        r.last_watch = Some(Instant::now());
+        let parked = std::mem::take(&mut r.parked);
         drop(r);
-        self.wake.notify_one();
+        if parked {
+            self.wake.notify_one();
+        }
         Watched { dog: self, id }
     }
 
@@ -274,9 +330,11 @@ impl Watchdog {
             if dog.sweep() {
                 return;
             }
-            let r = dog.registry.lock().unwrap_or_else(|p| p.into_inner());
-            // Park while nothing runs; else look again shortly.
-            let wait = if r.entries.is_empty() {
+            let mut r = dog.registry.lock().unwrap_or_else(|p| p.into_inner());
+            // Park once nothing has run for a while; else look again
+            // shortly.
+            r.parked = r.entries.is_empty() && r.last_watch.is_none_or(|t| t.elapsed() >= LINGER);
+            let wait = if r.parked {
                 Duration::from_secs(1)
             } else {
                 WATCH_EVERY
@@ -293,7 +351,7 @@ mod tests {
     #[test]
     fn a_guard_stops_for_its_deadline_cancellation_and_shutdown() {
         let shutdown = Arc::new(AtomicBool::new(false));
-        let g = Guard::new(Arc::clone(&shutdown));
+        let g = Guard::new(Arc::clone(&shutdown), Arc::default());
         assert!(!g.should_stop(), "no request: nothing to stop");
         let cancel = Cancel::new();
         g.start(&Limits {
@@ -305,6 +363,14 @@ mod tests {
         cancel.cancel();
         assert!(g.should_stop());
         assert!(g.interruption().unwrap().contains("client went away"));
+        // A request's cancellation follows its connection's.
+        let connection = Cancel::new();
+        let request = Cancel::linked(&connection);
+        request.cancel();
+        assert!(!connection.is_cancelled());
+        let request = Cancel::linked(&connection);
+        connection.cancel();
+        assert!(request.is_cancelled());
         g.start(&Limits {
             timeout: Duration::ZERO,
             max_result_bytes: 1,
@@ -322,7 +388,7 @@ mod tests {
     fn the_watchdog_interrupts_a_long_statement() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         let dog = Watchdog::start(Arc::new(AtomicBool::new(false))).unwrap();
-        let guard = Arc::new(Guard::new(dog.shutdown_flag()));
+        let guard = Arc::new(dog.guard());
         guard.start(&Limits {
             timeout: Duration::from_millis(100),
             max_result_bytes: 1,

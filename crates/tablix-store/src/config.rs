@@ -71,8 +71,8 @@ pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 << 20;
 /// Default of [`StoreConfig::memory_limit`]: 1 GiB.
 pub const DEFAULT_MEMORY_LIMIT: u64 = 1 << 30;
-/// Default of [`StoreConfig::wal_limit`]: 64 MiB.
-pub const DEFAULT_WAL_LIMIT: u64 = 64 << 20;
+/// Default of [`StoreConfig::wal_limit`]: 128 MiB (checkpoints every 64).
+pub const DEFAULT_WAL_LIMIT: u64 = 128 << 20;
 
 impl StoreConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> StoreConfig {

@@ -413,6 +413,11 @@ impl Collect {
         }
     }
 
+    /// Bytes of results gathered so far.
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
+
     fn charge(&mut self, bytes: usize) -> Result<(), Stop> {
         self.used = self.used.saturating_add(bytes);
         if self.used > self.limit {

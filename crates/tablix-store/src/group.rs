@@ -45,28 +45,63 @@ pub(crate) fn commit<T>(
     items: &[T],
     mut apply: impl FnMut(&T) -> Result<Applied, StoreError>,
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-    let mut excluded: Vec<Option<Result<Applied, String>>> = vec![None; items.len()];
+    commit_prefix(conn, items, usize::MAX, |item| apply(item).map(|a| (a, 0)))
+}
+
+/// [`commit`] for items whose results cost memory until the group is
+/// answered: `apply` also returns what an item's result costs. The group
+/// ends before the first item that would take the results held past
+/// `budget` (that item is rolled back, not answered); the caller applies
+/// the rest as a new group. The first item always fits, so every call
+/// makes progress, and the results held never exceed `budget` plus one
+/// item's own.
+///
+/// Returns the results of a prefix of `items`, never empty unless `items`
+/// is.
+pub(crate) fn commit_prefix<T>(
+    conn: &Connection,
+    items: &[T],
+    budget: usize,
+    mut apply: impl FnMut(&T) -> Result<(Applied, usize), StoreError>,
+) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
+    // Items that ended the whole transaction, with their results and
+    // costs; they stay out of the retried group.
+    let mut excluded: Vec<Option<(Result<Applied, String>, usize)>> = vec![None; items.len()];
     'attempt: loop {
         batch_sql(conn, BEGIN_WRITE)?;
         let mut results = Vec::with_capacity(items.len());
+        let mut held = 0usize;
         for (i, item) in items.iter().enumerate() {
-            if let Some(r) = &excluded[i] {
+            let fits = |cost: usize| held == 0 || held.saturating_add(cost) <= budget;
+            if let Some((r, cost)) = &excluded[i] {
+                if !fits(*cost) {
+                    break;
+                }
+                held = held.saturating_add(*cost);
                 results.push(r.clone().map_err(StoreError::Apply));
                 continue;
             }
             batch_sql(conn, "SAVEPOINT tablix_command")?;
             let r = apply(item);
+            let cost = r.as_ref().map_or(0, |(_, cost)| *cost);
             if conn.is_autocommit() {
                 let r = match r {
-                    Ok(mut a) => {
+                    Ok((mut a, _)) => {
                         a.rolled_back = true;
                         Ok(a)
                     }
                     Err(e) => Err(e.to_string()),
                 };
-                excluded[i] = Some(r);
+                excluded[i] = Some((r, cost));
                 continue 'attempt;
             }
+            if !fits(cost) {
+                batch_sql(conn, "ROLLBACK TO tablix_command")?;
+                batch_sql(conn, "RELEASE tablix_command")?;
+                break;
+            }
+            held = held.saturating_add(cost);
+            let r = r.map(|(a, _)| a);
             let failed = r.as_ref().map_or(true, |a| a.rolled_back);
             if failed {
                 batch_sql(conn, "ROLLBACK TO tablix_command")?;
@@ -156,6 +191,46 @@ mod tests {
             let mut s = Vec::new();
             for i in &items {
                 s.extend(commit(&single, std::slice::from_ref(i), |i| apply_one(&single, i)).expect("single"));
+            }
+            let view = |r: &Result<Applied, StoreError>| r.as_ref().map(|a| a.rolled_back).map_err(|e| e.to_string());
+            prop_assert_eq!(g.iter().map(view).collect::<Vec<_>>(), s.iter().map(view).collect::<Vec<_>>());
+            prop_assert_eq!(dump(&grouped), dump(&single));
+        }
+
+        /// A group that ends early where results outgrow the budget, the
+        /// rest applied as following groups, still ends as one-by-one
+        /// application does; every group makes progress and holds at most
+        /// the budget plus one item's cost.
+        #[test]
+        fn budgeted_groups_match_one_by_one(
+            items in prop::collection::vec(
+                (prop::collection::vec(statement(), 1..4), any::<bool>(), 0usize..10),
+                1..24,
+            ),
+            budget in 0usize..20,
+        ) {
+            let grouped = table();
+            let single = table();
+            let mut g = Vec::new();
+            let mut rest: &[(Vec<String>, bool, usize)] = &items;
+            while !rest.is_empty() {
+                let mut held = 0usize;
+                let results = commit_prefix(&grouped, rest, budget, |(sql, tx, cost)| {
+                    apply_one(&grouped, &(sql.clone(), *tx)).map(|a| (a, *cost))
+                })
+                .expect("group");
+                prop_assert!(!results.is_empty(), "a group made no progress");
+                for (_, _, cost) in &rest[..results.len()] {
+                    prop_assert!(held == 0 || held + cost <= budget, "group held more than its budget");
+                    held += cost;
+                }
+                rest = &rest[results.len()..];
+                g.extend(results);
+            }
+            let mut s = Vec::new();
+            for (sql, tx, _) in &items {
+                let item = (sql.clone(), *tx);
+                s.extend(commit(&single, std::slice::from_ref(&item), |i| apply_one(&single, i)).expect("single"));
             }
             let view = |r: &Result<Applied, StoreError>| r.as_ref().map(|a| a.rolled_back).map_err(|e| e.to_string());
             prop_assert_eq!(g.iter().map(view).collect::<Vec<_>>(), s.iter().map(view).collect::<Vec<_>>());

@@ -33,7 +33,12 @@ impl Principal {
     /// A local Unix user, known by peer credentials. Only root reads raw
     /// system tables.
     pub fn local(uid: u32, gid: u32, groups: Vec<u32>) -> Principal {
-        let name = match nix_user_name(uid) {
+        Principal::named(uid, gid, groups, nix_user_name(uid).as_deref())
+    }
+
+    /// [`Principal::local`] whose user name the caller looked up.
+    pub fn named(uid: u32, gid: u32, groups: Vec<u32>, user: Option<&str>) -> Principal {
+        let name = match user {
             Some(n) => format!("uid {uid} ({n})"),
             None => format!("uid {uid}"),
         };

@@ -190,7 +190,7 @@ impl UserConn {
             conn.pragma_update(
                 None,
                 "wal_autocheckpoint",
-                crate::fs_writer::WAL_AUTOCHECKPOINT_PAGES,
+                crate::fs_writer::autocheckpoint_pages(config.wal_limit),
             )?;
         }
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
@@ -206,13 +206,13 @@ impl UserConn {
         register_identity(&conn, policy.shared_state(), setup.visibility)?;
         crate::file_data::register(&conn, policy.shared_state())?;
         if role == Role::Writer {
-            register_random(&conn, &rng)?;
+            register_random(&conn, &rng, value_limit)?;
         }
         tablix_pcache::register_stats_table(&conn)?;
         for views in user_views() {
             conn.execute_batch(views)?;
         }
-        let guard = Arc::new(Guard::new(setup.watchdog.shutdown_flag()));
+        let guard = Arc::new(setup.watchdog.guard());
         let g = Arc::clone(&guard);
         conn.progress_handler(PROGRESS_OPS, Some(move || g.should_stop()))?;
         if role != Role::Writer {
@@ -366,14 +366,22 @@ fn poisoned() -> rusqlite::Error {
 
 /// Replaces SQLite's `random()` and `randomblob()` on the writer with a
 /// generator seeded from the Command's stamp, so replay reproduces them.
-fn register_random(conn: &Connection, rng: &Arc<AtomicU64>) -> rusqlite::Result<()> {
+/// `randomblob(n)` refuses more than `limit` bytes before allocating them,
+/// as SQLite's own would.
+fn register_random(conn: &Connection, rng: &Arc<AtomicU64>, limit: usize) -> rusqlite::Result<()> {
     let flags = FunctionFlags::SQLITE_UTF8;
     let state = Arc::clone(rng);
     conn.create_scalar_function("random", 0, flags, move |_| Ok(next_random(&state) as i64))?;
     let state = Arc::clone(rng);
     conn.create_scalar_function("randomblob", 1, flags, move |ctx| {
         let n: i64 = ctx.get(0)?;
-        let n = n.clamp(1, 1 << 30) as usize;
+        if n > limit as i64 {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_TOOBIG),
+                Some("string or blob too big".into()),
+            ));
+        }
+        let n = n.max(1) as usize;
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             out.extend_from_slice(&next_random(&state).to_le_bytes());

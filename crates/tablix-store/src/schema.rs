@@ -34,18 +34,24 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         sql: tablix_fs::schema::MIGRATION_3,
     },
+    Migration {
+        version: 4,
+        sql: tablix_fs::schema::MIGRATION_4,
+    },
 ];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 3;
+pub const LATEST_SCHEMA_VERSION: u32 = 4;
 
 /// The system tables checked at every start, when they exist: small next
-/// to the data blocks and user tables, which `tablix fsck` checks whole.
+/// to the data blocks and user tables, which `tablix fsck` checks whole
+/// (the block sums are 20 bytes per 64 KiB block).
 const QUICK_CHECKED: &[&str] = &[
     "tablix_meta",
     "tablix_inode",
     "tablix_dirent",
     "tablix_symlink",
     "tablix_xattr",
+    "tablix_block_sum",
 ];
 
 /// Refuses a database whose header, schema or system tables are damaged,

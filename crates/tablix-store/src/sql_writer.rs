@@ -21,17 +21,21 @@ impl SqlWriter {
         self.uc.refresh_mem(image)
     }
 
-    /// Applies user SQL Commands as one group commit.
+    /// Applies user SQL Commands as one group commit, ending the group
+    /// early when the results it holds would pass `budget` bytes (see
+    /// [`group::commit_prefix`]): returns the results of a prefix.
     pub(crate) fn apply_group(
         &self,
         items: &[(&Stamped, &Limits)],
+        budget: usize,
     ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        group::commit(&self.uc.conn, items, |(item, limits)| {
+        group::commit_prefix(&self.uc.conn, items, budget, |(item, limits)| {
             self.apply(item, limits)
         })
     }
 
-    fn apply(&self, item: &Stamped, limits: &Limits) -> Result<Applied, StoreError> {
+    /// Applies one Command; also returns the bytes its results hold.
+    fn apply(&self, item: &Stamped, limits: &Limits) -> Result<(Applied, usize), StoreError> {
         let Command::Sql {
             statements,
             transaction,
@@ -44,7 +48,7 @@ impl SqlWriter {
             )));
         };
         if limits.cancel.is_cancelled() {
-            return Ok(Applied {
+            let applied = Applied {
                 rolled_back: true,
                 statements: vec![crate::outcome::StatementOutcome {
                     result: crate::outcome::StatementResult::Error(
@@ -53,7 +57,8 @@ impl SqlWriter {
                     seconds: 0.0,
                 }],
                 ..Applied::default()
-            });
+            };
+            return Ok((applied, 0));
         }
         self.uc.set_stamp(item.stamp);
         let _running = self.uc.begin(principal, limits);
@@ -82,10 +87,12 @@ impl SqlWriter {
                 }
             }
         }
-        Ok(Applied {
+        let cost = sink.used();
+        let applied = Applied {
             statements: sink.outcomes,
             rolled_back,
             ..Applied::default()
-        })
+        };
+        Ok((applied, cost))
     }
 }

@@ -35,6 +35,9 @@ impl Counters {
             memory_locks: MemoryLockStats::default(),
             sqlite_heap_bytes: 0,
             sqlite_heap_peak_bytes: 0,
+            statements_timed_out: 0,
+            statements_cancelled: 0,
+            statements_stopped_at_shutdown: 0,
         }
     }
 }
@@ -61,6 +64,11 @@ pub struct StoreStats {
     /// SQLite's heap now and at its highest (bytes).
     pub sqlite_heap_bytes: i64,
     pub sqlite_heap_peak_bytes: i64,
+    /// User requests stopped past their time limit, because their client
+    /// went away, and because the daemon stopped.
+    pub statements_timed_out: u64,
+    pub statements_cancelled: u64,
+    pub statements_stopped_at_shutdown: u64,
     /// Lock waits on the memory database (its blocking VFS).
     pub memory_locks: MemoryLockStats,
 }

@@ -384,10 +384,15 @@ impl Store {
 
     pub fn stats(&self) -> StoreStats {
         let (heap, peak) = tablix_vfs::heap_used();
+        let stops = &self.watchdog.counts;
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         StoreStats {
             memory_locks: self.volatile.lock_stats().into(),
             sqlite_heap_bytes: heap,
             sqlite_heap_peak_bytes: peak,
+            statements_timed_out: get(&stops.timed_out),
+            statements_cancelled: get(&stops.cancelled),
+            statements_stopped_at_shutdown: get(&stops.shut_down),
             ..self.counters.snapshot()
         }
     }

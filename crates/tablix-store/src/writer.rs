@@ -143,21 +143,20 @@ impl Writer {
         self.turn.lock().map_err(|_| StoreError::Closed)
     }
 
-    /// Commits what was gathered as runs of one kind, in order.
-    fn commit_runs(&mut self, mut applies: Vec<Item>) {
-        while !applies.is_empty() {
-            let fs = matches!(applies[0].0.command, Command::Fs(_));
-            let n = applies
-                .iter()
-                .take_while(|(c, _, _)| matches!(c.command, Command::Fs(_)) == fs)
-                .count();
-            let rest = applies.split_off(n);
-            if fs {
-                self.commit_fs(applies);
-            } else {
-                self.commit_sql(applies);
-            }
-            applies = rest;
+    /// Commits what was gathered: the file system's Commands first, then
+    /// user SQL, each kind in the order received. Commands gathered
+    /// together were submitted concurrently (a submitter waits for its
+    /// answer), so no submitter sees its own Commands reordered; and a file
+    /// operation never waits for user writes that queued beside it.
+    fn commit_runs(&mut self, applies: Vec<Item>) {
+        let (fs, sql): (Vec<Item>, Vec<Item>) = applies
+            .into_iter()
+            .partition(|(c, _, _)| matches!(c.command, Command::Fs(_)));
+        if !fs.is_empty() {
+            self.commit_fs(fs);
+        }
+        if !sql.is_empty() {
+            self.commit_sql(sql);
         }
     }
 
@@ -227,14 +226,25 @@ impl Writer {
         {
             tracing::warn!("refreshing the memory database's image for SQL: {e}");
         }
-        let r = (|| {
-            let _turn = self.turn()?;
-            self.fs()?.commit_pending()?;
-            let items: Vec<(&Stamped, &Limits)> =
-                group.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
-            self.sql.apply_group(&items)
-        })();
-        self.answer(group, r);
+        // Results are held until their group is answered: a group ends
+        // where they would pass one request's bound, the rest follows as
+        // the next group.
+        let mut rest = group;
+        while !rest.is_empty() {
+            let r = (|| {
+                let _turn = self.turn()?;
+                self.fs()?.commit_pending()?;
+                let items: Vec<(&Stamped, &Limits)> =
+                    rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
+                self.sql.apply_group(&items, self.config.max_result_bytes)
+            })();
+            let done = match &r {
+                Ok(results) => results.len().max(1),
+                Err(_) => rest.len(),
+            };
+            let later = rest.split_off(done.min(rest.len()));
+            self.answer(std::mem::replace(&mut rest, later), r);
+        }
     }
 
     fn flush(&self) -> Result<(), StoreError> {

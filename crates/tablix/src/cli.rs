@@ -211,8 +211,9 @@ pub struct UpArgs {
     /// SQLite's heap limit for the daemon (0: none).
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub memory_limit: u64,
-    /// The WAL is checkpointed and cut back once it grows past this.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    /// The WAL is checkpointed and cut back once it grows past this;
+    /// ordinary checkpoints come every half of it (at most 64 MiB).
+    #[arg(long, value_name = "BYTES", default_value = "128MiB", value_parser = parse_bytes)]
     pub wal_limit: u64,
     /// Most HTTP requests served at once; more wait their turn.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
@@ -278,6 +279,10 @@ pub enum BenchWhich {
     /// transfers (as LMbench's bw_pipe) and one-byte ping-pong latency
     /// (lat_pipe).
     Pipe(PipeBenchArgs),
+    /// The mount's latency (stat, small reads) and the daemon's memory
+    /// while four runaway queries and a runaway write run beside ordinary
+    /// clients, against the same daemon idle.
+    Hostile(HostileBenchArgs),
     /// One configuration of `bench pcache`, in its own process (internal).
     #[command(hide = true)]
     PcacheWorker(PcacheWorkerArgs),
@@ -378,6 +383,25 @@ pub struct PipeBenchArgs {
     /// Threads serving the daemon's file-system requests.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub fuse_threads: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct HostileBenchArgs {
+    /// Scratch directory [default: ./target/bench/hostile]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Files measured per phase (each stat'ed and read once).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    pub files: u64,
+    /// tablix modes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["async".to_string(), "sync".to_string()])]
+    pub modes: Vec<String>,
+    /// Seconds the ordinary clients run in each phase.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+    /// The daemon's --memory-limit.
+    #[arg(long, value_name = "BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    pub memory_limit: u64,
 }
 
 #[derive(Args, Debug)]

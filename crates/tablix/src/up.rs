@@ -56,13 +56,22 @@ fn check_exposure(args: &UpArgs, auth: &AuthFile) -> anyhow::Result<()> {
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TABLIX_LOG").unwrap_or_else(|_| {
-                // fuser warns when the mount it leaves was already gone
-                // (someone ran umount): expected, not news.
-                tracing_subscriber::EnvFilter::new("info,fuser::mnt=error")
-            }),
-        )
+        .with_env_filter({
+            let chosen = std::env::var("TABLIX_LOG")
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .unwrap_or_else(|| "info".into());
+            let mut filter = tracing_subscriber::EnvFilter::try_new(&chosen)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            // fuser warns when the mount it leaves was already gone
+            // (someone ran umount): expected, not news, unless asked for.
+            if !chosen.contains("fuser")
+                && let Ok(quiet) = "fuser::mnt=error".parse()
+            {
+                filter = filter.add_directive(quiet);
+            }
+            filter
+        })
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -4,6 +4,7 @@
 mod daemon;
 mod fs;
 mod hits;
+mod hostile;
 mod insert;
 mod pcache;
 mod pipe;
@@ -19,6 +20,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchWhich::Insert(a) => insert::run(a),
         BenchWhich::Fs(a) => fs::run(a),
         BenchWhich::Pipe(a) => pipe::run(a),
+        BenchWhich::Hostile(a) => hostile::run(a),
         BenchWhich::Pcache(a) => pcache::run(a),
         BenchWhich::PcacheWorker(a) => pcache::worker(a),
     }

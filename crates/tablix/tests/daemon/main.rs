@@ -2,6 +2,8 @@
 //! port, driven by `tablix sql` and plain HTTP.
 #![allow(clippy::unwrap_used)]
 
+mod hardening;
+
 use std::collections::BTreeSet;
 
 use nix::sys::signal::{Signal, kill};
@@ -30,8 +32,13 @@ impl Daemon {
     }
 
     fn try_start(data: &Path, extra: &[&str]) -> Result<Daemon, String> {
-        let mut child = Command::new(BIN)
-            .args(["up", "--http", "127.0.0.1:0", "--data"])
+        let mut cmd = Command::new(BIN);
+        cmd.arg("up");
+        if !extra.contains(&"--http") {
+            cmd.args(["--http", "127.0.0.1:0"]);
+        }
+        let mut child = cmd
+            .arg("--data")
             .arg(data)
             .args(extra)
             .env("TABLIX_LOG", "warn")
@@ -47,10 +54,10 @@ impl Daemon {
             let _ = tx.send(line);
         });
         let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-        match line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("http=http://"))
-        {
+        match line.split_whitespace().find_map(|w| {
+            w.strip_prefix("http=http://")
+                .or_else(|| w.strip_prefix("http=https://"))
+        }) {
             Some(addr) => Ok(Daemon {
                 addr: addr.to_string(),
                 child,
@@ -1160,7 +1167,10 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
             .unwrap();
         let addr = line
             .split_whitespace()
-            .find_map(|w| w.strip_prefix("http=http://"))
+            .find_map(|w| {
+                w.strip_prefix("http=http://")
+                    .or_else(|| w.strip_prefix("http=https://"))
+            })
             .expect("ready line")
             .to_string();
         Daemon { child, addr }
