@@ -17,7 +17,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use tablix_store::Durability;
 
-use crate::harness::{Fixture, errno_of, fuse_or_skip, mount};
+use crate::harness::{Fixture, errno_of, mount, require_fuse};
 
 const CAPACITY: usize = 65_536;
 /// Environment of a worker process of the stress test.
@@ -84,14 +84,16 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 fn with_mount(name: &str, body: impl FnOnce(&Fixture)) {
-    if std::env::var_os(WORKER_ENV).is_some() || !fuse_or_skip(name) {
+    if std::env::var_os(WORKER_ENV).is_some() {
         return;
     }
+    require_fuse(name);
     let f = mount(Durability::Sync);
     body(&f);
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn named_pipes_are_created_listed_opened_like_fifos_and_removed() {
     with_mount("named_pipes", |f| {
         let dir = pipes_dir(f);
@@ -160,6 +162,7 @@ fn named_pipes_are_created_listed_opened_like_fifos_and_removed() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn one_blocked_reader_is_woken_per_write_and_readers_go_in_order() {
     with_mount("one_reader_woken", |f| {
         let p = create(f, "q");
@@ -192,6 +195,7 @@ fn one_blocked_reader_is_woken_per_write_and_readers_go_in_order() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn capacity_nonblocking_io_and_atomic_small_writes() {
     with_mount("capacity", |f| {
         let p = create(f, "cap");
@@ -232,6 +236,7 @@ fn capacity_nonblocking_io_and_atomic_small_writes() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn capacity_is_an_extended_attribute_like_f_setpipe_sz() {
     with_mount("capacity_xattr", |f| {
         let p = create(f, "big");
@@ -257,6 +262,7 @@ fn capacity_is_an_extended_attribute_like_f_setpipe_sz() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn poll_select_and_epoll_report_readiness() {
     with_mount("poll", |f| {
         let p = create(f, "ready");
@@ -296,6 +302,7 @@ fn poll_select_and_epoll_report_readiness() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn broken_pipe_raises_sigpipe_and_eof_follows_the_last_writer() {
     with_mount("broken_pipe", |f| {
         let p = create(f, "broken");
@@ -349,6 +356,7 @@ fn broken_pipe_raises_sigpipe_and_eof_follows_the_last_writer() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn signals_interrupt_blocked_reads_and_killed_readers_release_their_end() {
     with_mount("signals", |f| {
         let p = create(f, "sig");
@@ -390,6 +398,7 @@ fn signals_interrupt_blocked_reads_and_killed_readers_release_their_end() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn cloexec_is_honoured() {
     with_mount("cloexec", |f| {
         let p = create(f, "ce");
@@ -461,6 +470,7 @@ fn record(writer: u32, seq: u32) -> Vec<u8> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() {
     with_mount("stress", |f| {
         const PIPES: usize = 4;

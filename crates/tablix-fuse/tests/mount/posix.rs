@@ -12,7 +12,7 @@ use std::path::Path;
 
 use tablix_store::Durability;
 
-use crate::harness::{Fixture, errno_of, fuse_or_skip, mount};
+use crate::harness::{Fixture, errno_of, mount, require_fuse};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -24,14 +24,13 @@ fn cpath(p: &Path) -> CString {
 
 /// Runs `body` on a fresh sync-mode mount (or the shared one).
 fn with_mount(name: &str, body: impl FnOnce(&Fixture)) {
-    if !fuse_or_skip(name) {
-        return;
-    }
+    require_fuse(name);
     let f = mount(Durability::Sync);
     body(&f);
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn create_open_flags() {
     with_mount("create_open_flags", |f| {
         let p = f.path("a");
@@ -68,6 +67,7 @@ fn create_open_flags() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn read_write_and_sparse_files() {
     with_mount("read_write_and_sparse_files", |f| {
         let p = f.path("sparse");
@@ -133,6 +133,7 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn truncate_and_file_size_limits() {
     with_mount("truncate_and_file_size_limits", |f| {
         let p = f.path("t");
@@ -163,6 +164,7 @@ fn truncate_and_file_size_limits() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn directories_and_link_counts() {
     with_mount("directories_and_link_counts", |f| {
         let d = f.path("d");
@@ -195,6 +197,7 @@ fn directories_and_link_counts() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn hard_links_and_unlinked_open_files() {
     with_mount("hard_links_and_unlinked_open_files", |f| {
         let a = f.path("a");
@@ -262,6 +265,7 @@ fn hard_links_and_unlinked_open_files() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn rename_edge_cases() {
     with_mount("rename_edge_cases", |f| {
         let p = |s: &str| f.path(s);
@@ -316,6 +320,7 @@ fn renameat2(from: &Path, to: &Path, flags: u32) -> Result<(), i32> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn symlinks() {
     with_mount("symlinks", |f| {
         fs::write(f.path("target"), b"t").unwrap();
@@ -342,6 +347,7 @@ fn symlinks() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn special_files() {
     with_mount("special_files", |f| {
         use nix::sys::stat::{Mode, SFlag, makedev, mknod};
@@ -401,6 +407,7 @@ fn special_files() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn attributes_and_times() {
     with_mount("attributes_and_times", |f| {
         let p = f.path("a");
@@ -452,6 +459,7 @@ fn attributes_and_times() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn setgid_and_sticky_directories() {
     with_mount("setgid_and_sticky_directories", |f| {
         let d = f.path("sg");
@@ -477,6 +485,7 @@ fn setgid_and_sticky_directories() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn extended_attributes() {
     with_mount("extended_attributes", |f| {
         let p = f.path("x");
@@ -562,6 +571,7 @@ fn nix_removexattr(path: &CString, name: &str) -> Result<(), i32> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn statfs_and_fallocate() {
     with_mount("statfs_and_fallocate", |f| {
         let s = nix::sys::statfs::statfs(&f.root).unwrap();
@@ -601,6 +611,7 @@ fn statfs_and_fallocate() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn record_locks_and_flock() {
     with_mount("record_locks_and_flock", |f| {
         let p = f.path("locked");
@@ -646,6 +657,7 @@ fn record_locks_and_flock() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn mmap_shared_writable() {
     with_mount("mmap_shared_writable", |f| {
         let p = f.path("m");
@@ -685,6 +697,7 @@ fn mmap_shared_writable() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn readdir_offsets_are_stable_under_changes() {
     with_mount("readdir_offsets_are_stable_under_changes", |f| {
         let d = f.path("many");
@@ -728,6 +741,7 @@ fn readdir_offsets_are_stable_under_changes() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn sqlite_runs_on_the_mount() {
     // SQLite runs in another process, as any application would: SQLite's
     // Unix VFS holds a process-wide mutex around its file calls, which this
@@ -768,6 +782,7 @@ assert b.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn permissions_by_user() {
     with_mount("permissions_by_user", |f| {
         use crate::unprivileged::{EXTRA_GROUP, FIXTURES_ENV, USER, prepare_fixtures};
@@ -852,6 +867,7 @@ fn permissions_by_user() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn a_full_disk_gives_enospc_and_loses_nothing_sync_mode() {
     full_disk(
         "a_full_disk_gives_enospc_and_loses_nothing_sync_mode",
@@ -860,6 +876,7 @@ fn a_full_disk_gives_enospc_and_loses_nothing_sync_mode() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes() {
     full_disk(
         "a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes",
@@ -875,9 +892,10 @@ fn write_synced(p: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 fn full_disk(name: &str, mode: Durability) {
-    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some() || !fuse_or_skip(name) {
+    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some() {
         return;
     }
+    require_fuse(name);
     let tmp = tempfile::tempdir().unwrap();
     let small = tmp.path().join("small");
     fs::create_dir(&small).unwrap();

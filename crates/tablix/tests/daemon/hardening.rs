@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value as Json;
 
-use super::{BIN, Daemon, fsck, fuse_or_skip, text};
+use super::{BIN, Daemon, fsck, require_fuse, text};
 
 const NOBODY: &str = "65534";
 
@@ -68,10 +68,9 @@ fn sql_out(nobody: bool, how: &[String], q: &str) -> (bool, String, String) {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn sql_shows_each_user_what_the_file_system_would() {
-    if !fuse_or_skip("sql_shows_each_user_what_the_file_system_would") {
-        return;
-    }
+    require_fuse("sql_shows_each_user_what_the_file_system_would");
     let (_tmp, data, mnt) = shared_tmp();
     let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
     std::fs::write(mnt.join("secret"), b"SECRET root").unwrap();
@@ -246,10 +245,9 @@ const RUNAWAY_READ: &str =
 const RUNAWAY_WRITE: &str = r#"["CREATE TABLE IF NOT EXISTS sink(x)", "INSERT INTO sink WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT x FROM c"]"#;
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn runaway_queries_neither_freeze_the_mount_nor_outlive_their_client_or_sigterm() {
-    if !fuse_or_skip("runaway_queries_neither_freeze_the_mount") {
-        return;
-    }
+    require_fuse("runaway_queries_neither_freeze_the_mount");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -465,10 +463,9 @@ fn sandbox_escapes_over_the_socket_as_an_ordinary_user() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn umount_stops_the_daemon_cleanly() {
-    if !fuse_or_skip("umount_stops_the_daemon_cleanly") {
-        return;
-    }
+    require_fuse("umount_stops_the_daemon_cleanly");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -493,10 +490,9 @@ fn umount_stops_the_daemon_cleanly() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn isatty_on_a_mounted_file_is_enotty_without_a_word_in_the_log() {
-    if !fuse_or_skip("isatty_on_a_mounted_file_is_enotty") {
-        return;
-    }
+    require_fuse("isatty_on_a_mounted_file_is_enotty");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -536,10 +532,9 @@ fn contents(dir: &Path) -> BTreeMap<String, (u64, u64)> {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn fsck_n_changes_nothing_and_checks_follow_fsck_8() {
-    if !fuse_or_skip("fsck_n_changes_nothing_and_checks_follow_fsck_8") {
-        return;
-    }
+    require_fuse("fsck_n_changes_nothing_and_checks_follow_fsck_8");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();

@@ -534,9 +534,9 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     d.stop();
 }
 
-/// Whether FUSE tests can run here; under CI=true a missing FUSE or root
-/// fails instead of skipping.
-fn fuse_or_skip(test: &str) -> bool {
+/// Fails the test unless FUSE tests can run here (root and /dev/fuse):
+/// tests that call it are `#[ignore]`d and run by `make test` as root.
+fn require_fuse(test: &str) {
     let why = if !Path::new("/dev/fuse").exists() {
         Some("/dev/fuse is missing")
     } else if !nix::unistd::geteuid().is_root() {
@@ -544,15 +544,8 @@ fn fuse_or_skip(test: &str) -> bool {
     } else {
         None
     };
-    match why {
-        None => true,
-        Some(why) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{test}: FUSE tests must run under CI, but {why}")
-        }
-        Some(why) => {
-            eprintln!("{test}: SKIPPED: {why}");
-            false
-        }
+    if let Some(why) = why {
+        panic!("{test} needs FUSE, but {why}: run it as root (make test does)");
     }
 }
 
@@ -648,24 +641,23 @@ fn crash_and_remount(mode: &str) {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode() {
-    if fuse_or_skip("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode") {
-        crash_and_remount("sync");
-    }
+    require_fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode");
+    crash_and_remount("sync");
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode() {
-    if fuse_or_skip("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode") {
-        crash_and_remount("async");
-    }
+    require_fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode");
+    crash_and_remount("async");
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn fsck_reports_and_repairs_damage() {
-    if !fuse_or_skip("fsck_reports_and_repairs_damage") {
-        return;
-    }
+    require_fuse("fsck_reports_and_repairs_damage");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
@@ -717,10 +709,9 @@ fn fsck_reports_and_repairs_damage() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
-    if !fuse_or_skip("the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon") {
-        return;
-    }
+    require_fuse("the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
@@ -842,10 +833,9 @@ fn tablix_run(data: &Path, argv: &[&str]) -> Output {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
-    if !fuse_or_skip("tablix_run_sends_every_pipe_through_the_database") {
-        return;
-    }
+    require_fuse("tablix_run_sends_every_pipe_through_the_database");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -928,6 +918,7 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn pipe_and_run_commands_say_what_is_wrong() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("nodaemon");
@@ -971,9 +962,7 @@ fn pipe_and_run_commands_say_what_is_wrong() {
         text(&o)
     );
     d.stop();
-    if !fuse_or_skip("pipe_and_run_commands_say_what_is_wrong") {
-        return;
-    }
+    require_fuse("pipe_and_run_commands_say_what_is_wrong");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
     let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
@@ -1028,14 +1017,12 @@ fn pipe_and_run_commands_say_what_is_wrong() {
 }
 
 #[test]
+#[ignore = "needs root for the kernel's process events: make test runs it as root"]
 fn the_process_table_follows_forks_execs_and_exits() {
-    if !nix::unistd::geteuid().is_root() {
-        if std::env::var("CI").as_deref() == Ok("true") {
-            panic!("the process-event test must run as root under CI");
-        }
-        eprintln!("the_process_table_follows_forks_execs_and_exits: SKIPPED: not root");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the kernel's process events need root: run it as root (make test does)"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), &["--process-history", "30"]);
     let me = std::process::id();
@@ -1239,10 +1226,9 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
 }
 
 #[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
-    if !fuse_or_skip("sa_restart") {
-        return;
-    }
+    require_fuse("sa_restart");
     let tmp = tempfile::tempdir().unwrap();
     let prog = tmp.path().join("sa_restart");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sa_restart.c");
