@@ -429,8 +429,12 @@ pub struct FsBenchArgs {
     /// tablix modes to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["async".to_string(), "sync".to_string()])]
     pub modes: Vec<String>,
-    /// Workloads to run, comma-separated: bonnie, postmark, meta.
-    #[arg(long, value_delimiter = ',', default_values_t = vec!["bonnie".to_string(), "postmark".to_string(), "meta".to_string()])]
+    /// Size in MiB of the file written and then read cold (the kernel's
+    /// caches dropped in between).
+    #[arg(long, default_value_t = 1024)]
+    pub read_mb: u64,
+    /// Workloads to run, comma-separated: bonnie, read, postmark, meta.
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["bonnie".to_string(), "read".to_string(), "postmark".to_string(), "meta".to_string()])]
     pub workloads: Vec<String>,
 }
 

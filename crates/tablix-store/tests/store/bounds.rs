@@ -331,6 +331,60 @@ fn a_large_transaction_leaves_no_large_wal_behind() {
     );
 }
 
+/// SQLite's automatic checkpoint cannot reset a WAL that a reader still
+/// needs; once the reader is gone and no write comes to trigger another,
+/// only the writer's own bound cuts it back.
+#[test]
+fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.wal_limit = 1 << 20;
+    let store = Store::open(config).unwrap();
+    store
+        .apply(stamp(0), sql(&["CREATE TABLE big(b)"]))
+        .unwrap();
+    let reader = rusqlite::Connection::open_with_flags(
+        dir.path().join("tablix.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .unwrap();
+    store
+        .apply(
+            stamp(1),
+            sql(&["INSERT INTO big SELECT zeroblob(100000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200) SELECT x FROM c)"]),
+        )
+        .unwrap();
+    let wal = dir.path().join("tablix.db-wal");
+    // Past a retry of the bound, which the reader makes fail.
+    std::thread::sleep(Duration::from_millis(1500));
+    let held = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        held > 1 << 20,
+        "the WAL was cut back under a reader ({held} bytes)"
+    );
+    assert_eq!(store.stats().wal_truncations, 0);
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        if size <= 1 << 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(store.stats().wal_truncations, 1);
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM big"),
+        [[Value::Integer(200)]]
+    );
+}
+
 #[test]
 fn a_damaged_database_is_refused_with_a_pointer_to_fsck() {
     use std::io::{Seek, SeekFrom, Write};

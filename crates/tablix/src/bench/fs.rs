@@ -2,7 +2,7 @@
 //! same run, with the programs the issue names (Bonnie++, Postmark) and a
 //! metadata workload.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -99,6 +99,47 @@ fn bonnie(dir: &Path, mb: u64, durable: bool) -> anyhow::Result<[f64; 4]> {
             .with_context(|| format!("bonnie++ field {i} is {v:?}"))
     };
     Ok([num(11)?, num(13)?, num(17)?, num(19)?])
+}
+
+/// One file of `mb` MiB written in 1 MiB writes and fsync'ed once, then
+/// read back in 1 MiB reads after the kernel's caches were dropped: MiB/s
+/// of each. Bonnie++ reads back a file the kernel still caches (its
+/// "+++++" at any size below RAM), so this is the block read that reaches
+/// the file system. tablix's own page cache is not dropped.
+fn cold_read(dir: &Path, mb: u64) -> anyhow::Result<[f64; 2]> {
+    let path = dir.join("cold-read");
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut rng = Rng::new(42);
+    for word in chunk.chunks_mut(8) {
+        word.copy_from_slice(&rng.next_u64().to_le_bytes());
+    }
+    let start = Instant::now();
+    let mut f =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    for i in 0..mb {
+        chunk[..8].copy_from_slice(&i.to_le_bytes());
+        f.write_all(&chunk)?;
+    }
+    f.sync_all()?;
+    let write = mb as f64 / start.elapsed().as_secs_f64();
+    drop(f);
+    drop_caches();
+    let start = Instant::now();
+    let mut f = std::fs::File::open(&path)?;
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    let read = total as f64 / f64::from(1 << 20) / start.elapsed().as_secs_f64();
+    if total != mb << 20 {
+        bail!("read {total} bytes of {} written", mb << 20);
+    }
+    std::fs::remove_file(&path)?;
+    Ok([write, read])
 }
 
 /// Postmark's wall-clock time for the configured run, in seconds.
@@ -198,6 +239,8 @@ struct Results {
     /// Per Bonnie++ run (MiB, fsync per write): write, rewrite, read KiB/s
     /// and seeks/s.
     bonnie: Vec<((u64, bool), [f64; 4])>,
+    /// MiB/s: sequential write, cold sequential read.
+    cold: Option<[f64; 2]>,
     postmark: Option<f64>,
     meta: Option<[f64; 4]>,
     /// The FUSE transport's cost on this target's daemon, or why it was
@@ -210,6 +253,7 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
     let mut r = Results {
         label: t.label.clone(),
         bonnie: Vec::new(),
+        cold: None,
         postmark: None,
         meta: None,
         transport: None,
@@ -224,6 +268,11 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
             );
             r.bonnie.push(((mb, durable), bonnie(&t.dir, mb, durable)?));
         }
+    }
+    if wants("read") {
+        drop_caches();
+        eprintln!("  {}: {} MiB written, read cold", t.label, a.read_mb);
+        r.cold = Some(cold_read(&t.dir, a.read_mb)?);
     }
     if wants("postmark") {
         drop_caches();
@@ -253,9 +302,12 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for w in &a.workloads {
-        if !["bonnie", "postmark", "meta"].contains(&w.as_str()) {
-            bail!("unknown workload {w:?}: expected bonnie, postmark or meta");
+        if !["bonnie", "read", "postmark", "meta"].contains(&w.as_str()) {
+            bail!("unknown workload {w:?}: expected bonnie, read, postmark or meta");
         }
+    }
+    if a.read_mb == 0 {
+        bail!("--read-mb must be positive");
     }
     let base = a
         .dir
@@ -345,6 +397,25 @@ fn report(all: &[Results], a: &FsBenchArgs) {
             let mut line = format!("{name:<28}{:>14.0}", b[i]);
             for (_, ob) in &at_size {
                 line.push_str(&format!("{:>14.0} ({:>5.2})", ob[i], ob[i] / b[i]));
+            }
+            println!("{line}");
+        }
+    }
+    if let Some(c) = base.cold {
+        println!(
+            "\n{} MiB in 1 MiB writes, one fsync, then read after dropping the kernel's caches, MiB/s; ratio = tablix / ext4 (higher is better)",
+            a.read_mb
+        );
+        header("");
+        for (i, name) in ["sequential write", "sequential read, cold"]
+            .iter()
+            .enumerate()
+        {
+            let mut line = format!("{name:<28}{:>14.0}", c[i]);
+            for o in others {
+                if let Some(oc) = o.cold {
+                    line.push_str(&format!("{:>14.0} ({:>5.2})", oc[i], oc[i] / c[i]));
+                }
             }
             println!("{line}");
         }
