@@ -107,6 +107,9 @@ impl Writer {
             if due || !flushes.is_empty() {
                 let r = self.flush();
                 deadline = None;
+                // Async mode's file-system writes reach the WAL on the
+                // callers' threads: their commit here is where it grows.
+                wrote = true;
                 if let Err(e) = &r {
                     tracing::error!("flush failed: {e}");
                 }

@@ -62,7 +62,7 @@ fn a_runaway_write_is_rolled_back_and_its_group_commits() {
     let fine: Vec<_> = (0..5)
         .map(|i| {
             store.submit(tablix_store::Stamped::new(
-                stamp(2 + i),
+                stamp(2 + i as i64),
                 sql(&["INSERT INTO t VALUES (-1)"]),
             ))
         })
@@ -383,6 +383,91 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
         rows(&store, "SELECT count(*) FROM big"),
         [[Value::Integer(200)]]
     );
+}
+
+/// In async mode file-system writes reach the WAL on the callers' own
+/// threads, never through the writer's queue: the bound is checked where
+/// the writer commits them, at its flush.
+#[test]
+fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = StoreConfig::new(dir.path());
+    config.wal_limit = 1 << 20;
+    config.durability = Durability::Async;
+    let store = Store::open(config).unwrap();
+    store
+        .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
+        .unwrap();
+    let made = store
+        .apply(
+            stamp(1),
+            Command::Fs(FsOp::MakeNode {
+                parent: 1,
+                name: "big".into(),
+                mode: libc::S_IFREG | 0o644,
+                rdev: 0,
+                uid: 0,
+                gid: 0,
+            }),
+        )
+        .unwrap();
+    let ino = match made.fs {
+        Some(Ok(FsReply::Attr(a))) => a.ino,
+        other => panic!("{other:?}"),
+    };
+    store.flush().wait().unwrap();
+    let reader = rusqlite::Connection::open_with_flags(
+        dir.path().join("tablix.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .unwrap();
+    for i in 0..20u64 {
+        store
+            .apply_fs_now(
+                stamp(2 + i as i64),
+                FsOp::Write {
+                    ino,
+                    offset: i << 20,
+                    data: vec![i as u8 + 1; 1 << 20],
+                    kill_suidgid: false,
+                },
+            )
+            .unwrap();
+    }
+    store.flush().wait().unwrap();
+    let wal = dir.path().join("tablix.db-wal");
+    let held = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        held > 1 << 20,
+        "the WAL was cut back under a reader ({held} bytes)"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        if size <= 1 << 20 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(store.stats().wal_truncations, 1);
+    let size: i64 = store
+        .read(|c| {
+            c.query_row(
+                "SELECT size FROM tablix_inode WHERE ino = ?1",
+                [ino as i64],
+                |r| r.get(0),
+            )
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(size, 20 << 20);
 }
 
 #[test]
