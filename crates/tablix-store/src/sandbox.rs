@@ -190,7 +190,7 @@ impl UserConn {
             conn.pragma_update(
                 None,
                 "wal_autocheckpoint",
-                crate::fs_writer::autocheckpoint_pages(config.wal_limit),
+                crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
             )?;
         }
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;

@@ -378,7 +378,11 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
         assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(store.stats().wal_truncations, 1);
+    let cut = store.stats().wal_truncations;
+    assert!(
+        cut >= 1,
+        "the WAL shrank, but not by the bound ({cut} truncations)"
+    );
     assert_eq!(
         rows(&store, "SELECT count(*) FROM big"),
         [[Value::Integer(200)]]
@@ -456,7 +460,11 @@ fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
         assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(store.stats().wal_truncations, 1);
+    let cut = store.stats().wal_truncations;
+    assert!(
+        cut >= 1,
+        "the WAL shrank, but not by the bound ({cut} truncations)"
+    );
     let size: i64 = store
         .read(|c| {
             c.query_row(
