@@ -300,6 +300,38 @@ fn the_file_system_never_waits_for_user_queries() {
     }
 }
 
+/// 200 rows of 100 kB: a transaction far larger than the 1 MiB WAL
+/// limit the tests below set.
+const INSERT_20_MB: &str = "INSERT INTO big SELECT zeroblob(100000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200) SELECT x FROM c)";
+
+/// Waits up to 10 s for the WAL at `wal` to be at most `limit` bytes.
+fn wait_for_wal_within(wal: &std::path::Path, limit: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let size = std::fs::metadata(wal).map_or(0, |m| m.len());
+        if size <= limit {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A connection of its own on the store's database holding a read
+/// snapshot of it, which keeps any checkpoint from going past it.
+fn hold_snapshot(data_dir: &std::path::Path) -> rusqlite::Connection {
+    let reader = rusqlite::Connection::open_with_flags(
+        data_dir.join("tablix.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    )
+    .unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let _: i64 = reader
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .unwrap();
+    reader
+}
+
 #[test]
 fn a_large_transaction_leaves_no_large_wal_behind() {
     let dir = tempfile::tempdir().unwrap();
@@ -307,21 +339,10 @@ fn a_large_transaction_leaves_no_large_wal_behind() {
     config.wal_limit = 1 << 20;
     let store = Store::open(config).unwrap();
     store
-        .apply(
-            stamp(0),
-            sql(&["CREATE TABLE big(b)", "INSERT INTO big SELECT zeroblob(100000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200) SELECT x FROM c)"]),
-        )
+        .apply(stamp(0), sql(&["CREATE TABLE big(b)", INSERT_20_MB]))
         .unwrap();
     let wal = dir.path().join("tablix.db-wal");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        if size <= 1 << 20 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_wal_within(&wal, 1 << 20);
     // Cut back by SQLite's own checkpoint (every half of the limit, with
     // journal_size_limit) or by the writer's bound, whichever came first;
     // either way the database holds everything.
@@ -343,21 +364,8 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
     store
         .apply(stamp(0), sql(&["CREATE TABLE big(b)"]))
         .unwrap();
-    let reader = rusqlite::Connection::open_with_flags(
-        dir.path().join("tablix.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
-    reader.execute_batch("BEGIN").unwrap();
-    let _: i64 = reader
-        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .unwrap();
-    store
-        .apply(
-            stamp(1),
-            sql(&["INSERT INTO big SELECT zeroblob(100000) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 200) SELECT x FROM c)"]),
-        )
-        .unwrap();
+    let reader = hold_snapshot(dir.path());
+    store.apply(stamp(1), sql(&[INSERT_20_MB])).unwrap();
     let wal = dir.path().join("tablix.db-wal");
     // Past a retry of the bound, which the reader makes fail.
     std::thread::sleep(Duration::from_millis(1500));
@@ -369,15 +377,7 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
     assert_eq!(store.stats().wal_truncations, 0);
     reader.execute_batch("COMMIT").unwrap();
     drop(reader);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        if size <= 1 << 20 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_wal_within(&wal, 1 << 20);
     let cut = store.stats().wal_truncations;
     assert!(
         cut >= 1,
@@ -420,15 +420,7 @@ fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
         other => panic!("{other:?}"),
     };
     store.flush().wait().unwrap();
-    let reader = rusqlite::Connection::open_with_flags(
-        dir.path().join("tablix.db"),
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-    )
-    .unwrap();
-    reader.execute_batch("BEGIN").unwrap();
-    let _: i64 = reader
-        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .unwrap();
+    let reader = hold_snapshot(dir.path());
     for i in 0..20u64 {
         store
             .apply_fs_now(
@@ -451,15 +443,7 @@ fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
     );
     reader.execute_batch("COMMIT").unwrap();
     drop(reader);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let size = std::fs::metadata(&wal).map_or(0, |m| m.len());
-        if size <= 1 << 20 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the WAL stayed at {size} bytes");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_wal_within(&wal, 1 << 20);
     let cut = store.stats().wal_truncations;
     assert!(
         cut >= 1,
