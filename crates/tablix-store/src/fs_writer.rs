@@ -6,6 +6,8 @@
 //! so nothing a user defined on the schema can stop or extend a
 //! file-system operation.
 
+use std::path::Path;
+
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use tablix_vfs::ClockVfs;
@@ -242,20 +244,37 @@ impl FsWriter {
         Ok(())
     }
 
-    /// Tries to fold the WAL back and truncate it without waiting for
-    /// readers: returns whether the whole WAL was copied and cut.
-    pub(crate) fn try_truncate_wal(&self) -> Result<bool, StoreError> {
+    /// Tries to fold the WAL back and cut it to `limit` bytes without
+    /// waiting for readers: returns whether the whole WAL was copied and
+    /// cut. The WAL restarts rather than being truncated to nothing, so the
+    /// next writes reuse its first `limit` bytes, whose pages the kernel
+    /// still holds; a WAL allocated anew on every cycle has every partly
+    /// written page zeroed first (measured: Bonnie++'s rewrite a tenth
+    /// slower). Call with the write turn held: no writer may append while
+    /// the file is cut.
+    pub(crate) fn try_cut_wal(&self, wal: &Path, limit: u64) -> Result<bool, StoreError> {
         self.conn.busy_timeout(std::time::Duration::ZERO)?;
         let r = self
             .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-                r.get::<_, i64>(0)
-            });
+            .query_row("PRAGMA wal_checkpoint(RESTART)", [], |r| r.get::<_, i64>(0));
         self.conn.busy_timeout(std::time::Duration::from_secs(10))?;
         match r {
-            Ok(busy) => Ok(busy == 0),
-            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(false),
-            Err(e) => Err(e.into()),
+            Ok(0) => {}
+            Ok(_) => return Ok(false),
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
         }
+        // Every frame is in the database and no reader uses one: a reader
+        // starting now reads the database alone, and the next writer
+        // starts the WAL over from its first frame.
+        if crate::writer::wal_bytes(wal) > limit {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(wal)?
+                .set_len(limit)?;
+        }
+        Ok(true)
     }
 }

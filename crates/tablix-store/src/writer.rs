@@ -273,7 +273,7 @@ impl Writer {
             let _turn = self.turn()?;
             let mut fs = self.fs()?;
             fs.commit_pending()?;
-            fs.try_truncate_wal()
+            fs.try_cut_wal(&wal, self.config.wal_limit)
         })();
         match r {
             Ok(true) => {
@@ -295,7 +295,7 @@ impl Writer {
 /// following commit's fsync write the WAL's inode as well (measured:
 /// single-row inserts 3.0 device writes each instead of 2.1, a sixth
 /// slower). A WAL that cannot be asked about counts as empty.
-fn wal_bytes(wal: &std::path::Path) -> u64 {
+pub(crate) fn wal_bytes(wal: &std::path::Path) -> u64 {
     rustix::fs::statx(
         rustix::fs::CWD,
         wal,

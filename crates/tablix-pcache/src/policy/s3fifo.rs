@@ -6,14 +6,19 @@
 //! since their last pass (freq > 0) another round with freq - 1. One-time
 //! pages of a scan never reach main, so a scan cannot flush the hot set.
 //!
-//! Pinned pages stay in their FIFO; eviction rotates past them, and skips
-//! a FIFO that holds no unpinned page at all, so a cache whose pages are
-//! mostly pinned (a large write transaction's dirty pages) does not scan
-//! them on every allocation.
+//! A pinned page that reaches a FIFO's head is parked: taken out of the
+//! FIFO until its last pin goes, then put back at the tail, where rotating
+//! past it would have put it. A large write transaction keeps its dirty
+//! pages pinned (SQLite unpins a page only once it is clean), so without
+//! parking every allocation would walk past the same thousands of pinned
+//! pages again; with it each pinned page is passed once per pinning.
+//! Eviction skips a FIFO that holds no unpinned page at all.
 //!
-//! Invariants: every live page is in exactly one of `small` (queue 1) and
-//! `main` (queue 2), pinned or not; `unpinned[q]` counts the unpinned pages
-//! of queue `q`; `freq <= 3`; the ghost holds at most `capacity / 4` keys,
+//! Invariants: every live page belongs to exactly one of `small` (queue 1)
+//! and `main` (queue 2), named by its `queue`: it is linked in that FIFO,
+//! or it is pinned and parked (linked in none); `parked[q]` counts the
+//! parked pages of queue `q` and `unpinned[q]` its unpinned pages, all of
+//! them linked; `freq <= 3`; the ghost holds at most `capacity / 4` keys,
 //! none of them resident.
 
 use std::collections::{HashMap, VecDeque};
@@ -39,6 +44,8 @@ pub struct S3Fifo {
     main: List,
     /// Unpinned pages per queue, indexed by `SMALL` and `MAIN`.
     unpinned: [u32; 3],
+    /// Parked (pinned, unlinked) pages per queue.
+    parked: [u32; 3],
     ghost: Ghost,
 }
 
@@ -111,7 +118,12 @@ impl Evict for S3Fifo {
 
     #[inline]
     fn unpin(&mut self, slots: &mut [Slot], i: u32) {
-        self.unpinned[slots[i as usize].queue as usize] += 1;
+        let q = slots[i as usize].queue;
+        self.unpinned[q as usize] += 1;
+        if !slots[i as usize].linked {
+            self.parked[q as usize] -= 1;
+            self.list(q).push_back(slots, i);
+        }
     }
 
     #[inline]
@@ -125,14 +137,18 @@ impl Evict for S3Fifo {
         if !slots[i as usize].pinned {
             self.unpinned[q as usize] -= 1;
         }
-        self.list(q).unlink(slots, i);
+        if slots[i as usize].linked {
+            self.list(q).unlink(slots, i);
+        } else {
+            self.parked[q as usize] -= 1;
+        }
     }
 
     #[inline]
     fn victim(&mut self, slots: &mut [Slot], capacity: usize) -> Option<u32> {
         let small_target = (capacity / 10).max(1) as u32;
         // Hard bound: every step either finds the victim, moves a page to
-        // main, lowers a freq (at most 3 per page) or passes a pinned page.
+        // main, lowers a freq (at most 3 per page) or parks a pinned page.
         let mut budget = 8 * (self.small.len + self.main.len) as usize + 16;
         while budget > 0 {
             budget -= 1;
@@ -141,11 +157,13 @@ impl Evict for S3Fifo {
             if !small_open && !main_open {
                 return None;
             }
-            if small_open && (self.small.len > small_target || !main_open) {
+            // Parked pages still count towards their FIFO's share.
+            let small_len = self.small.len + self.parked[SMALL as usize];
+            if small_open && (small_len > small_target || !main_open) {
                 let t = self.small.pop_front(slots)?;
                 let s = &mut slots[t as usize];
                 if s.pinned {
-                    self.small.push_back(slots, t);
+                    self.parked[SMALL as usize] += 1;
                 } else if s.freq > 0 {
                     s.freq = 0;
                     s.queue = MAIN;
@@ -161,7 +179,7 @@ impl Evict for S3Fifo {
                 let t = self.main.pop_front(slots)?;
                 let s = &mut slots[t as usize];
                 if s.pinned {
-                    self.main.push_back(slots, t);
+                    self.parked[MAIN as usize] += 1;
                 } else if s.freq > 0 {
                     s.freq -= 1;
                     self.main.push_back(slots, t);
@@ -187,6 +205,11 @@ impl Evict for S3Fifo {
         let live: Vec<u32> = (0..slots.len() as u32)
             .filter(|&i| slots[i as usize].live)
             .collect();
+        let parked: Vec<u32> = live
+            .iter()
+            .copied()
+            .filter(|&i| !slots[i as usize].linked)
+            .collect();
         for (q, members) in [(SMALL, &small), (MAIN, &main)] {
             let unpinned = members
                 .iter()
@@ -196,10 +219,22 @@ impl Evict for S3Fifo {
                 self.unpinned[q as usize] as usize, unpinned,
                 "unpinned count of queue {q}"
             );
+            let parked_here = parked
+                .iter()
+                .filter(|&&i| slots[i as usize].queue == q)
+                .count();
+            assert_eq!(
+                self.parked[q as usize] as usize, parked_here,
+                "parked count of queue {q}"
+            );
         }
-        let mut both = small;
-        both.extend(main);
-        assert_eq!(sorted(both), live);
+        for &i in &parked {
+            assert!(slots[i as usize].pinned, "parked page {i} is unpinned");
+        }
+        let mut all = small;
+        all.extend(main);
+        all.extend(parked);
+        assert_eq!(sorted(all), live);
         for &i in &live {
             assert!(slots[i as usize].freq <= MAX_FREQ);
             assert!(
@@ -207,5 +242,58 @@ impl Evict for S3Fifo {
                 "resident key in ghost"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pages `0..n` admitted, the first `pinned` of them still pinned.
+    fn cache(n: u32, pinned: u32) -> (S3Fifo, Vec<Slot>) {
+        let mut p = S3Fifo::default();
+        let mut slots: Vec<Slot> = (0..n)
+            .map(|key| Slot {
+                key,
+                live: true,
+                pinned: true,
+                ..Slot::default()
+            })
+            .collect();
+        for i in 0..n {
+            p.admit(&mut slots, i);
+        }
+        for i in pinned..n {
+            slots[i as usize].pinned = false;
+            p.unpin(&mut slots, i);
+        }
+        (p, slots)
+    }
+
+    #[test]
+    fn pinned_pages_are_passed_once_per_pinning() {
+        let (mut p, mut slots) = cache(1010, 1000);
+        assert_eq!(p.victim(&mut slots, 1010), Some(1000));
+        // The cache frees what the policy gives up.
+        slots[1000].live = false;
+        p.check(&slots);
+        // Every pinned page was parked on the way: the FIFOs now hold only
+        // the nine unpinned pages left, so the next victims pass nothing.
+        assert_eq!(p.small.len + p.main.len, 9);
+        assert_eq!(p.parked[SMALL as usize], 1000);
+        assert_eq!(p.victim(&mut slots, 1010), Some(1001));
+        slots[1001].live = false;
+        assert_eq!(p.small.len, 8);
+        // Unpinned, a parked page rejoins its FIFO at the tail.
+        slots[7].pinned = false;
+        p.unpin(&mut slots, 7);
+        p.check(&slots);
+        assert_eq!(p.small.tail, 7);
+        assert_eq!(p.parked[SMALL as usize], 999);
+        // A parked page can leave the cache (a truncation, a discard).
+        p.remove(&mut slots, 8);
+        slots[8].live = false;
+        p.check(&slots);
+        assert_eq!(p.parked[SMALL as usize], 998);
     }
 }
