@@ -29,6 +29,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod principal;
+mod priority;
 mod readers;
 mod sandbox;
 mod schema;

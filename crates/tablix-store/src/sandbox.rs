@@ -271,6 +271,7 @@ impl UserConn {
         Running {
             conn: self,
             _watched: watched,
+            _lowered: crate::priority::Lowered::enter(),
         }
     }
 
@@ -298,6 +299,8 @@ impl Drop for Enforcing<'_> {
 pub(crate) struct Running<'a> {
     conn: &'a UserConn,
     _watched: Watched<'a>,
+    /// The thread at user SQL's CPU priority for the request.
+    _lowered: crate::priority::Lowered,
 }
 
 impl Drop for Running<'_> {
