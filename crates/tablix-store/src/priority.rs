@@ -1,37 +1,78 @@
-//! User SQL runs at the lowest CPU priority (nice 19) while its request's
-//! statements run, so that a query computing for seconds delays the
-//! mount's requests by a wakeup, not by a scheduler slice (measured with
-//! four runaway queries on two cores, `tablix bench hostile`: a stat on
-//! the mount waited 4.0 ms at the 99th percentile at equal priority,
-//! 35-60 us at nice 19, 40 us idle).
+//! A read request's user SQL runs under `SCHED_IDLE` while its statements
+//! run: any other runnable thread of the machine goes first, and a thread
+//! of the mount that wakes takes the CPU from a computing query at once
+//! rather than after a scheduler slice. Measured with four runaway queries
+//! on two cores (`tablix bench hostile`), the 99th percentile of a `stat`
+//! on the mount was 4.0 ms at equal priority and, at nice 19, still some
+//! milliseconds for a 4 KiB read; under `SCHED_IDLE` both stay near idle.
 //!
-//! Linux keeps a nice value per thread, and `setpriority(PRIO_PROCESS, 0)`
-//! sets the calling thread's alone. Lowering a priority is always allowed;
-//! raising it back needs `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it.
-//! User SQL runs on threads that serve other work too (the writer thread,
-//! the API's blocking pool), so a thread is lowered only where it can be
-//! raised again afterwards, which is probed once, on a thread of its own.
+//! Linux keeps the policy per thread. Entering `SCHED_IDLE` is always
+//! allowed; leaving it needs `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows
+//! the thread's nice value. Queries run on threads that serve other work
+//! too (the API's blocking pool), so a thread enters `SCHED_IDLE` only
+//! where it can leave it again, which is probed once, on a thread of its
+//! own. A daemon without the capability (the one that mounts runs as root)
+//! runs them at its own priority. User writes never enter it: they hold
+//! the write turn the mount's writes wait for (`sandbox.rs`).
 
 use std::sync::OnceLock;
 
 use rustix::process::{getpriority_process, setpriority_process};
+use thread_priority::{
+    NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+    set_thread_priority_and_policy, thread_native_id, thread_schedule_policy,
+};
 
-/// The nice value user SQL runs at.
-pub(crate) const USER_SQL_NICE: i32 = 19;
+fn policy(p: NormalThreadSchedulePolicy) -> ThreadSchedulePolicy {
+    ThreadSchedulePolicy::Normal(p)
+}
 
-/// Whether this process may raise a thread's priority back to where it
-/// was; found out on a scratch thread, whose priority then dies with it.
+/// Puts the calling thread under `SCHED_IDLE`; returns its nice value to
+/// restore, or None (and changes nothing) unless it ran under
+/// `SCHED_OTHER`.
+fn idle() -> Option<i32> {
+    if thread_schedule_policy().ok()? != policy(NormalThreadSchedulePolicy::Other) {
+        return None;
+    }
+    let nice = getpriority_process(None).ok()?;
+    // The crate sets the nice value too: SCHED_IDLE's only one, 0 (which
+    // SCHED_IDLE ignores). It may fail there for a thread at a higher nice
+    // value; the policy is then set already, and `restore` undoes both.
+    let _ = set_thread_priority_and_policy(
+        thread_native_id(),
+        ThreadPriority::Min,
+        policy(NormalThreadSchedulePolicy::Idle),
+    );
+    Some(nice)
+}
+
+/// Puts the calling thread back under `SCHED_OTHER` at `nice`.
+fn restore(nice: i32) -> Result<(), String> {
+    // Min under SCHED_OTHER is nice 19, always allowed; then down to `nice`.
+    set_thread_priority_and_policy(
+        thread_native_id(),
+        ThreadPriority::Min,
+        policy(NormalThreadSchedulePolicy::Other),
+    )
+    .map_err(|e| format!("{e:?}"))?;
+    setpriority_process(None, nice).map_err(|e| e.to_string())
+}
+
+/// Whether this process may take a thread out of `SCHED_IDLE` again;
+/// found out on a scratch thread, whose policy then dies with it.
 fn may_restore() -> bool {
     static MAY: OnceLock<bool> = OnceLock::new();
     *MAY.get_or_init(|| {
         std::thread::Builder::new()
-            .name("tablix-nice-probe".into())
+            .name("tablix-sched-probe".into())
             .spawn(|| {
-                let Ok(before) = getpriority_process(None) else {
+                let Some(nice) = idle() else {
                     return false;
                 };
-                setpriority_process(None, USER_SQL_NICE).is_ok()
-                    && setpriority_process(None, before).is_ok()
+                restore(nice).is_ok()
+                    && thread_schedule_policy().ok()
+                        == Some(policy(NormalThreadSchedulePolicy::Other))
+                    && getpriority_process(None).ok() == Some(nice)
             })
             .ok()
             .and_then(|t| t.join().ok())
@@ -39,28 +80,26 @@ fn may_restore() -> bool {
     })
 }
 
-/// The calling thread at [`USER_SQL_NICE`] until dropped, when the
-/// process may restore it; otherwise nothing changes.
+/// The calling thread under `SCHED_IDLE` until dropped, where the process
+/// may take it out again; otherwise nothing changes.
 pub(crate) struct Lowered {
-    before: Option<i32>,
+    nice: Option<i32>,
 }
 
 impl Lowered {
     pub(crate) fn enter() -> Lowered {
-        let before = getpriority_process(None)
-            .ok()
-            .filter(|&n| n < USER_SQL_NICE && may_restore())
-            .filter(|_| setpriority_process(None, USER_SQL_NICE).is_ok());
-        Lowered { before }
+        Lowered {
+            nice: if may_restore() { idle() } else { None },
+        }
     }
 }
 
 impl Drop for Lowered {
     fn drop(&mut self) {
-        if let Some(before) = self.before
-            && let Err(e) = setpriority_process(None, before)
+        if let Some(nice) = self.nice
+            && let Err(e) = restore(nice)
         {
-            tracing::warn!("restoring a thread's priority to nice {before} failed: {e}");
+            tracing::warn!("taking a thread out of SCHED_IDLE failed: {e}");
         }
     }
 }
@@ -69,28 +108,48 @@ impl Drop for Lowered {
 mod tests {
     use super::*;
 
+    fn now() -> (Option<ThreadSchedulePolicy>, i32) {
+        (
+            thread_schedule_policy().ok(),
+            getpriority_process(None).expect("getpriority"),
+        )
+    }
+
     #[test]
-    fn a_thread_runs_user_sql_at_nice_19_and_gets_its_priority_back() {
+    fn a_thread_runs_user_sql_under_sched_idle_and_gets_its_policy_back() {
         std::thread::spawn(|| {
-            let before = getpriority_process(None).expect("getpriority");
+            let before = now();
             {
                 let _low = Lowered::enter();
-                let during = getpriority_process(None).expect("getpriority");
+                let during = now().0;
                 if may_restore() {
-                    assert_eq!(during, USER_SQL_NICE);
+                    assert_eq!(during, Some(policy(NormalThreadSchedulePolicy::Idle)));
                 } else {
-                    assert_eq!(during, before, "lowered without a way back");
+                    assert_eq!(during, before.0, "lowered without a way back");
                 }
             }
-            assert_eq!(getpriority_process(None).expect("getpriority"), before);
+            assert_eq!(now(), before);
         })
         .join()
         .expect("the test thread");
     }
 
     #[test]
-    #[ignore = "needs root to raise a priority back: make test runs it as root"]
-    fn root_lowers_user_sql_and_restores_it() {
+    fn a_nice_thread_keeps_its_nice_value() {
+        std::thread::spawn(|| {
+            setpriority_process(None, 7).expect("raising the nice value");
+            {
+                let _low = Lowered::enter();
+            }
+            assert_eq!(now().1, 7);
+        })
+        .join()
+        .expect("the test thread");
+    }
+
+    #[test]
+    #[ignore = "needs root to leave SCHED_IDLE: make test runs it as root"]
+    fn root_runs_user_sql_under_sched_idle() {
         assert!(rustix::process::geteuid().is_root(), "run as root");
         assert!(may_restore());
     }

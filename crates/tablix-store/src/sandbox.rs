@@ -152,6 +152,7 @@ pub(crate) struct UserConn {
     rng: Arc<AtomicU64>,
     watchdog: Arc<Watchdog>,
     clock: Option<ClockVfs>,
+    role: Role,
 }
 
 impl UserConn {
@@ -226,6 +227,7 @@ impl UserConn {
             rng,
             watchdog: Arc::clone(&setup.watchdog),
             clock,
+            role,
         })
     }
 
@@ -271,7 +273,9 @@ impl UserConn {
         Running {
             conn: self,
             _watched: watched,
-            _lowered: crate::priority::Lowered::enter(),
+            // Only reads: a user write holds the write turn, which the
+            // mount's writes wait for, so it must not wait for idle CPU.
+            _lowered: (self.role == Role::Reader).then(crate::priority::Lowered::enter),
         }
     }
 
@@ -299,8 +303,8 @@ impl Drop for Enforcing<'_> {
 pub(crate) struct Running<'a> {
     conn: &'a UserConn,
     _watched: Watched<'a>,
-    /// The thread at user SQL's CPU priority for the request.
-    _lowered: crate::priority::Lowered,
+    /// A reader's thread under SCHED_IDLE for the request.
+    _lowered: Option<crate::priority::Lowered>,
 }
 
 impl Drop for Running<'_> {
