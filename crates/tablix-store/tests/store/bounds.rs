@@ -332,12 +332,19 @@ fn hold_snapshot(data_dir: &std::path::Path) -> rusqlite::Connection {
     reader
 }
 
-#[test]
-fn a_large_transaction_leaves_no_large_wal_behind() {
+/// A store whose WAL is bounded at 1 MiB.
+fn small_wal_store(durability: Durability) -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = StoreConfig::new(dir.path());
     config.wal_limit = 1 << 20;
+    config.durability = durability;
     let store = Store::open(config).unwrap();
+    (dir, store)
+}
+
+#[test]
+fn a_large_transaction_leaves_no_large_wal_behind() {
+    let (dir, store) = small_wal_store(Durability::Sync);
     store
         .apply(stamp(0), sql(&["CREATE TABLE big(b)", INSERT_20_MB]))
         .unwrap();
@@ -357,10 +364,7 @@ fn a_large_transaction_leaves_no_large_wal_behind() {
 /// only the writer's own bound cuts it back.
 #[test]
 fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = StoreConfig::new(dir.path());
-    config.wal_limit = 1 << 20;
-    let store = Store::open(config).unwrap();
+    let (dir, store) = small_wal_store(Durability::Sync);
     store
         .apply(stamp(0), sql(&["CREATE TABLE big(b)"]))
         .unwrap();
@@ -401,11 +405,7 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
 /// the writer commits them, at its flush.
 #[test]
 fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = StoreConfig::new(dir.path());
-    config.wal_limit = 1 << 20;
-    config.durability = Durability::Async;
-    let store = Store::open(config).unwrap();
+    let (dir, store) = small_wal_store(Durability::Async);
     store
         .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
         .unwrap();

@@ -129,16 +129,15 @@ fn post(agent: &ureq::Agent, http: &str, path: &str, body: &str) -> bool {
         .is_ok()
 }
 
-/// Two ordinary clients: an insert and a count, over and over; operations
-/// done while `stop` is false.
-fn ordinary(
-    http: &str,
-    stop: &Arc<AtomicBool>,
-    ops: &Arc<AtomicU64>,
-) -> Vec<std::thread::JoinHandle<()>> {
-    (0..2)
+/// Two ordinary clients, an insert and a count, over and over for
+/// `seconds`: their requests per second.
+fn ordinary(http: &str, seconds: u64) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..2)
         .map(|i| {
-            let (http, stop, ops) = (http.to_string(), Arc::clone(stop), Arc::clone(ops));
+            let (http, stop, ops) = (http.to_string(), Arc::clone(&stop), Arc::clone(&ops));
             std::thread::spawn(move || {
                 let agent = ureq::Agent::new_with_defaults();
                 while !stop.load(Ordering::Relaxed) {
@@ -163,7 +162,14 @@ fn ordinary(
                 }
             })
         })
-        .collect()
+        .collect();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let rate = ops.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    rate
 }
 
 fn run_mode(args: &HostileBenchArgs, dir: &Path, mode: &str) -> anyhow::Result<()> {
@@ -206,16 +212,7 @@ fn run_mode(args: &HostileBenchArgs, dir: &Path, mode: &str) -> anyhow::Result<(
     let pid = d.pid();
     std::thread::sleep(CACHE_EXPIRY);
     let (idle_stat, idle_read) = measure(&sets[0])?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let ops = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let threads = ordinary(&d.http, &stop, &ops);
-    std::thread::sleep(Duration::from_secs(args.seconds));
-    let idle_ops = ops.swap(0, Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let idle_ops = ordinary(&d.http, args.seconds);
     // The hostile clients, each sending its statement again whenever its
     // time limit ends it.
     let hostile_stop = Arc::new(AtomicBool::new(false));
@@ -246,15 +243,7 @@ fn run_mode(args: &HostileBenchArgs, dir: &Path, mode: &str) -> anyhow::Result<(
     };
     std::thread::sleep(Duration::from_secs(2));
     let (host_stat, host_read) = measure(&sets[1])?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let threads = ordinary(&d.http, &stop, &ops);
-    std::thread::sleep(Duration::from_secs(args.seconds));
-    let host_ops = ops.swap(0, Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        let _ = t.join();
-    }
+    let host_ops = ordinary(&d.http, args.seconds);
     let status: serde_json::Value = agent
         .get(format!("http://{}/status", d.http))
         .call()
