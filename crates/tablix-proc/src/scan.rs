@@ -51,6 +51,14 @@ pub fn read_task(tgid: u32, tid: u32, boot_ns: Option<i64>) -> Option<ProcInfo> 
         let trimmed = raw.strip_suffix(&[0]).unwrap_or(&raw);
         String::from_utf8_lossy(trimmed).replace('\0', " ")
     });
+    // A task being reaped while it is read shows ppid 0 and empty fields:
+    // the kernel reports its parent only while its pid is attached. Its
+    // directory is gone once the pid is detached, so a task still there
+    // after the reads was whole during them; one that is gone yields
+    // nothing rather than a half-dead snapshot (its exit event follows).
+    if !dir.exists() {
+        return None;
+    }
     Some(ProcInfo {
         pid: tid,
         tgid,
@@ -101,6 +109,32 @@ mod tests {
         assert_eq!(info.uid, Some(nix_uid()));
         assert!(info.start_ns.is_some_and(|s| s > 1_600_000_000_000_000_000));
         assert!(scan_all(None).iter().any(|i| i.pid == me));
+    }
+
+    #[test]
+    fn a_task_reaped_while_it_is_read_yields_nothing_rather_than_ppid_zero() {
+        // The kernel reports ppid 0 for a task whose pid is detached while
+        // its stat file is read; about one read race in 25 hits it here.
+        let me = std::process::id();
+        for _ in 0..400 {
+            let mut child = std::process::Command::new("true")
+                .spawn()
+                .expect("spawn true");
+            let pid = child.id();
+            let reader = std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while let Some(info) = read_task(pid, pid, None) {
+                    seen.push(info.ppid);
+                }
+                seen
+            });
+            child.wait().expect("wait");
+            let seen = reader.join().expect("reader");
+            assert!(
+                seen.iter().all(|p| *p == Some(me)),
+                "pid {pid} was read with parents {seen:?}, not {me}"
+            );
+        }
     }
 
     fn nix_uid() -> u32 {
