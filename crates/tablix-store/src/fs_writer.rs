@@ -250,8 +250,8 @@ impl FsWriter {
     /// next writes reuse its first `limit` bytes, whose pages the kernel
     /// still holds; a WAL allocated anew on every cycle has every partly
     /// written page zeroed first (measured: 7-10% of the daemon's profile
-    /// during Bonnie++'s rewrite). Call with the write turn held: no writer may append while
-    /// the file is cut.
+    /// during Bonnie++'s rewrite). Call with the write turn held: no
+    /// writer may append while the file is cut.
     pub(crate) fn try_cut_wal(&self, wal: &Path, limit: u64) -> Result<bool, StoreError> {
         self.conn.busy_timeout(std::time::Duration::ZERO)?;
         let r = self

@@ -342,6 +342,24 @@ fn small_wal_store(durability: Durability) -> (tempfile::TempDir, Store) {
     (dir, store)
 }
 
+/// The WAL is over the 1 MiB limit while `reader` holds its snapshot;
+/// once it ends, the writer's bound cuts the WAL back.
+fn release_and_expect_cut(store: &Store, wal: &std::path::Path, reader: rusqlite::Connection) {
+    let held = std::fs::metadata(wal).unwrap().len();
+    assert!(
+        held > 1 << 20,
+        "the WAL was cut back under a reader ({held} bytes)"
+    );
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    wait_for_wal_within(wal, 1 << 20);
+    let cut = store.stats().wal_truncations;
+    assert!(
+        cut >= 1,
+        "the WAL shrank, but not by the bound ({cut} truncations)"
+    );
+}
+
 #[test]
 fn a_large_transaction_leaves_no_large_wal_behind() {
     let (dir, store) = small_wal_store(Durability::Sync);
@@ -373,20 +391,8 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
     let wal = dir.path().join("tablix.db-wal");
     // Past a retry of the bound, which the reader makes fail.
     std::thread::sleep(Duration::from_millis(1500));
-    let held = std::fs::metadata(&wal).unwrap().len();
-    assert!(
-        held > 1 << 20,
-        "the WAL was cut back under a reader ({held} bytes)"
-    );
     assert_eq!(store.stats().wal_truncations, 0);
-    reader.execute_batch("COMMIT").unwrap();
-    drop(reader);
-    wait_for_wal_within(&wal, 1 << 20);
-    let cut = store.stats().wal_truncations;
-    assert!(
-        cut >= 1,
-        "the WAL shrank, but not by the bound ({cut} truncations)"
-    );
+    release_and_expect_cut(&store, &wal, reader);
     // Cut to the limit, not to nothing: the next writes reuse its pages.
     assert_eq!(std::fs::metadata(&wal).unwrap().len(), 1 << 20);
     assert_eq!(
@@ -443,19 +449,7 @@ fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
     }
     store.flush().wait().unwrap();
     let wal = dir.path().join("tablix.db-wal");
-    let held = std::fs::metadata(&wal).unwrap().len();
-    assert!(
-        held > 1 << 20,
-        "the WAL was cut back under a reader ({held} bytes)"
-    );
-    reader.execute_batch("COMMIT").unwrap();
-    drop(reader);
-    wait_for_wal_within(&wal, 1 << 20);
-    let cut = store.stats().wal_truncations;
-    assert!(
-        cut >= 1,
-        "the WAL shrank, but not by the bound ({cut} truncations)"
-    );
+    release_and_expect_cut(&store, &wal, reader);
     let size: i64 = store
         .read(|c| {
             c.query_row(
