@@ -20,8 +20,6 @@ use tablix_store::Durability;
 use crate::harness::{Fixture, errno_of, mount, require_fuse};
 
 const CAPACITY: usize = 65_536;
-/// Environment of a worker process of the stress test.
-const WORKER_ENV: &str = "TABLIX_PIPE_WORKER";
 /// Record size of the stress test: PIPE_BUF, so each write is atomic.
 const RECORD: usize = 4096;
 
@@ -84,9 +82,6 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 fn with_mount(name: &str, body: impl FnOnce(&Fixture)) {
-    if std::env::var_os(WORKER_ENV).is_some() {
-        return;
-    }
     require_fuse(name);
     let f = mount(Durability::Sync);
     body(&f);
@@ -412,49 +407,6 @@ fn cloexec_is_honoured() {
     });
 }
 
-/// Worker process of the stress test: `write:PATH:WRITER:COUNT` writes
-/// COUNT records, `read:PATH` reads records until end of file and prints
-/// `REC writer seq` for each, after checking its bytes.
-#[test]
-fn stress_worker() {
-    let Ok(job) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let parts: Vec<&str> = job.split(':').collect();
-    match parts.as_slice() {
-        ["write", path, writer, count] => {
-            let writer: u32 = writer.parse().unwrap();
-            let count: u32 = count.parse().unwrap();
-            let mut w = OpenOptions::new().write(true).open(path).unwrap();
-            for seq in 0..count {
-                // One write per record: at most PIPE_BUF, so atomic.
-                let n = w.write(&record(writer, seq)).unwrap();
-                assert_eq!(n, RECORD);
-            }
-        }
-        ["read", path] => {
-            let mut r = File::open(path).unwrap();
-            let mut buf = vec![0u8; RECORD];
-            let mut out = String::new();
-            loop {
-                let n = r.read(&mut buf).unwrap();
-                if n == 0 {
-                    break;
-                }
-                // Writes are whole records and reads ask for one, so a
-                // read returns exactly one record.
-                assert_eq!(n, RECORD, "a record was split between readers");
-                let writer = u32::from_le_bytes(buf[0..4].try_into().unwrap());
-                let seq = u32::from_le_bytes(buf[4..8].try_into().unwrap());
-                assert_eq!(buf, record(writer, seq), "corrupt record {writer}/{seq}");
-                out.push_str(&format!("REC {writer} {seq}\n"));
-            }
-            print!("{out}");
-        }
-        _ => panic!("bad worker job {job:?}"),
-    }
-}
-
 fn record(writer: u32, seq: u32) -> Vec<u8> {
     let mut v = Vec::with_capacity(RECORD);
     v.extend_from_slice(&writer.to_le_bytes());
@@ -477,20 +429,22 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
         const WRITERS: u32 = 3;
         const READERS: usize = 2;
         const COUNT: u32 = 200;
-        let exe = std::env::current_exe().unwrap();
-        let worker = |job: String| {
-            Command::new(&exe)
-                .args([
-                    "pipes::stress_worker",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(WORKER_ENV, job)
-                .stdout(Stdio::piped())
+        // The workers are dd processes: with bs=RECORD a writer issues one
+        // write per record (its input is a regular file, so every read is
+        // whole) and a reader one read per record, and dd counts the reads
+        // that came back short ("N+M records in").
+        let scratch = tempfile::tempdir().unwrap();
+        let dd = |input: &Path, output: &Path| {
+            Command::new("dd")
+                .arg(format!("if={}", input.display()))
+                .arg(format!("of={}", output.display()))
+                .arg(format!("bs={RECORD}"))
+                .arg("conv=notrunc")
+                .env("LC_ALL", "C")
+                .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
-                .unwrap()
+                .expect("run dd")
         };
         let mut readers = Vec::new();
         let mut writers = Vec::new();
@@ -498,8 +452,9 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
         for i in 0..PIPES {
             let name = format!("stress{i}");
             let p = create(f, &name);
-            for _ in 0..READERS {
-                readers.push((i, worker(format!("read:{}", p.display()))));
+            for r in 0..READERS {
+                let out = scratch.path().join(format!("read{i}.{r}"));
+                readers.push((i, dd(&p, &out), out));
             }
             // A write end held until every writer is done, so that the
             // readers' end of file comes after all of them (a FIFO's
@@ -508,34 +463,40 @@ fn many_pipes_readers_and_writers_across_processes_lose_and_duplicate_nothing() 
             wait_for("readers open", || row(f, &name).3 == READERS as i64);
             for wr in 0..WRITERS {
                 let id = i as u32 * 100 + wr;
-                writers.push(worker(format!("write:{}:{id}:{COUNT}", p.display())));
+                let input = scratch.path().join(format!("write{id}"));
+                let records: Vec<u8> = (0..COUNT).flat_map(|seq| record(id, seq)).collect();
+                fs::write(&input, records).unwrap();
+                writers.push(dd(&input, &p));
             }
         }
         for w in writers {
             let out = w.wait_with_output().unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "writer: {log}");
             assert!(
-                out.status.success(),
-                "writer: {}",
-                String::from_utf8_lossy(&out.stderr)
+                log.contains(&format!("{COUNT}+0 records out")),
+                "a writer wrote other than whole records: {log}"
             );
         }
         drop(holders);
         let mut seen = std::collections::HashMap::<(usize, u32), Vec<u32>>::new();
-        for (pipe, r) in readers {
+        for (pipe, r, path) in readers {
             let out = r.wait_with_output().unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "reader: {log}");
+            // Writes are whole records and reads ask for one, so every read
+            // returns exactly one record.
             assert!(
-                out.status.success(),
-                "reader: {}",
-                String::from_utf8_lossy(&out.stderr)
+                log.lines().any(|l| l.ends_with("+0 records in")),
+                "a record was split between readers: {log}"
             );
+            let got = fs::read(&path).unwrap();
+            assert_eq!(got.len() % RECORD, 0, "a reader got a partial record");
             let mut last = std::collections::HashMap::<u32, u32>::new();
-            for line in String::from_utf8_lossy(&out.stdout).lines() {
-                // libtest's "test ... " may precede the first record.
-                let Some(rest) = line.find("REC ").map(|at| &line[at + 4..]) else {
-                    continue;
-                };
-                let mut it = rest.split(' ').map(|v| v.parse::<u32>().unwrap());
-                let (writer, seq) = (it.next().unwrap(), it.next().unwrap());
+            for rec in got.chunks(RECORD) {
+                let writer = u32::from_le_bytes(rec[0..4].try_into().unwrap());
+                let seq = u32::from_le_bytes(rec[4..8].try_into().unwrap());
+                assert_eq!(rec, record(writer, seq), "corrupt record {writer}/{seq}");
                 assert_eq!(writer as usize / 100, pipe, "a record crossed pipes");
                 if let Some(prev) = last.insert(writer, seq) {
                     assert!(seq > prev, "writer {writer}'s records out of order");

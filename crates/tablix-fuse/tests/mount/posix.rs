@@ -892,9 +892,6 @@ fn write_synced(p: &Path, body: &[u8]) -> std::io::Result<()> {
 }
 
 fn full_disk(name: &str, mode: Durability) {
-    if std::env::var_os(crate::harness::SHARED_MOUNT_ENV).is_some() {
-        return;
-    }
     require_fuse(name);
     let tmp = tempfile::tempdir().unwrap();
     let small = tmp.path().join("small");
