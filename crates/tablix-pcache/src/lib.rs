@@ -12,7 +12,8 @@
 //! (see `include/tablix_pcache.h`). Statistics are read with [`caches`],
 //! [`totals`] or, with the `sql` feature, the `pcache_stats` virtual table.
 //!
-//! This crate and `tablix-vfs` are the only ones allowed `unsafe` code.
+//! This crate, `tablix-vfs` and `tablix-sched` are the only ones allowed
+//! `unsafe` code.
 #![allow(unsafe_code)]
 
 mod cache;

@@ -29,7 +29,6 @@ mod lock;
 mod outcome;
 mod policy;
 mod principal;
-mod priority;
 mod readers;
 mod sandbox;
 mod schema;

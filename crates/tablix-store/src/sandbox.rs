@@ -275,7 +275,7 @@ impl UserConn {
             _watched: watched,
             // Only reads: a user write holds the write turn, which the
             // mount's writes wait for, so it must not wait for idle CPU.
-            _lowered: (self.role == Role::Reader).then(crate::priority::Lowered::enter),
+            _lowered: (self.role == Role::Reader).then(tablix_sched::Lowered::enter),
         }
     }
 
@@ -304,7 +304,7 @@ pub(crate) struct Running<'a> {
     conn: &'a UserConn,
     _watched: Watched<'a>,
     /// A reader's thread under SCHED_IDLE for the request.
-    _lowered: Option<crate::priority::Lowered>,
+    _lowered: Option<tablix_sched::Lowered>,
 }
 
 impl Drop for Running<'_> {

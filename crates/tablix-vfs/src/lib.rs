@@ -1,9 +1,10 @@
 //! SQLite VFS layers owned by tablix, and the few C-level connection calls
 //! rusqlite does not wrap.
 //!
-//! This crate is one of the two places in the workspace allowed to contain
-//! `unsafe` code (the other is the page cache): everything here talks to
-//! SQLite's C interface directly.
+//! This crate is one of the three places in the workspace allowed to
+//! contain `unsafe` code (the others are the page cache and the scheduler
+//! calls of `tablix-sched`): everything here talks to SQLite's C interface
+//! directly.
 //!
 //! [`ClockVfs`] wraps the platform VFS ("unix") and replaces only its clock,
 //! so that SQL such as `datetime('now')` evaluated while the store applies a

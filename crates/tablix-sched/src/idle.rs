@@ -1,19 +1,14 @@
-//! A read request's user SQL runs under `SCHED_IDLE` while its statements
-//! run: any other runnable thread of the machine goes first, and a thread
-//! of the mount that wakes takes the CPU from a computing query at once
-//! rather than after a scheduler slice. Measured with four runaway queries
-//! on two cores (`tablix bench hostile`), the 99th percentile of a `stat`
-//! on the mount was 4.0 ms at equal priority and, at nice 19, still some
-//! milliseconds for a 4 KiB read; under `SCHED_IDLE` both stay near idle.
+//! `SCHED_IDLE` for the span of a piece of work: while a [`Lowered`]
+//! lives, any other runnable thread of the machine goes first, and a thread
+//! that wakes takes the CPU from the lowered one at once rather than after
+//! a scheduler slice.
 //!
 //! Linux keeps the policy per thread. Entering `SCHED_IDLE` is always
 //! allowed; leaving it needs `CAP_SYS_NICE` or an `RLIMIT_NICE` that allows
-//! the thread's nice value. Queries run on threads that serve other work
-//! too (the API's blocking pool), so a thread enters `SCHED_IDLE` only
-//! where it can leave it again, which is probed once, on a thread of its
-//! own. A daemon without the capability (the one that mounts runs as root)
-//! runs them at its own priority. User writes never enter it: they hold
-//! the write turn the mount's writes wait for (`sandbox.rs`).
+//! the thread's nice value. The threads lowered serve other work too (the
+//! store runs user queries on the API's blocking pool), so a thread enters
+//! `SCHED_IDLE` only where it can leave it again, which is probed once, on
+//! a thread of its own. Without the capability nothing is lowered.
 
 use std::sync::OnceLock;
 
@@ -60,7 +55,7 @@ fn restore(nice: i32) -> Result<(), String> {
 
 /// Whether this process may take a thread out of `SCHED_IDLE` again;
 /// found out on a scratch thread, whose policy then dies with it.
-fn may_restore() -> bool {
+pub fn may_restore() -> bool {
     static MAY: OnceLock<bool> = OnceLock::new();
     *MAY.get_or_init(|| {
         std::thread::Builder::new()
@@ -82,12 +77,13 @@ fn may_restore() -> bool {
 
 /// The calling thread under `SCHED_IDLE` until dropped, where the process
 /// may take it out again; otherwise nothing changes.
-pub(crate) struct Lowered {
+#[must_use = "the thread is lowered only while the guard lives"]
+pub struct Lowered {
     nice: Option<i32>,
 }
 
 impl Lowered {
-    pub(crate) fn enter() -> Lowered {
+    pub fn enter() -> Lowered {
         Lowered {
             nice: if may_restore() { idle() } else { None },
         }
@@ -116,7 +112,7 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_runs_user_sql_under_sched_idle_and_gets_its_policy_back() {
+    fn a_lowered_thread_gets_its_policy_back() {
         std::thread::spawn(|| {
             let before = now();
             {
@@ -149,7 +145,7 @@ mod tests {
 
     #[test]
     #[ignore = "needs root to leave SCHED_IDLE: make test runs it as root"]
-    fn root_runs_user_sql_under_sched_idle() {
+    fn root_may_lower_a_thread() {
         assert!(rustix::process::geteuid().is_root(), "run as root");
         assert!(may_restore());
     }

@@ -1,0 +1,17 @@
+//! How the kernel schedules tablix's own threads, so that work a user asks
+//! for (a query, a write) gives way to the mount and to everything else the
+//! machine runs.
+//!
+//! * [`Lowered`] runs a piece of work under `SCHED_IDLE` (`idle.rs`): the
+//!   store's user queries.
+//! * [`slice::request`] gives a thread a short scheduler slice (`slice.rs`):
+//!   the store's writer, which runs user writes at normal priority.
+//!
+//! `slice.rs` calls `sched_setattr(2)` and `sched_getattr(2)`, which no
+//! library tablix uses wraps: this crate, `tablix-vfs` and `tablix-pcache`
+//! are the only ones allowed `unsafe` code, and here only that module.
+
+mod idle;
+pub mod slice;
+
+pub use idle::{Lowered, may_restore};
