@@ -16,6 +16,9 @@ use crate::options::Options;
 /// Bytes gathered before a chunk is handed on.
 pub(crate) const CHUNK: usize = 64 * 1024;
 
+/// The buffer a response starts with.
+const FIRST_BUF: usize = 512;
+
 /// Where encoded chunks go.
 pub(crate) trait Out {
     fn emit(&mut self, chunk: Vec<u8>) -> Result<(), Stop>;
@@ -73,7 +76,12 @@ impl<O: Out> Encoder<O> {
             out,
             o: o.clone(),
             shape,
-            buf: Vec::with_capacity(CHUNK + 1024),
+            // Most answers are a few dozen bytes: the buffer grows to a
+            // chunk only for results that need one. Two chunk-sized
+            // buffers per request took 16 clients' single-row inserts
+            // from 0.90-0.98 to 0.77-0.86 of the rate before results were
+            // streamed (allocator locks, freed heap pages unmapped).
+            buf: Vec::with_capacity(FIRST_BUF),
             sent: 0,
             limit,
             state: State::Start,
@@ -123,7 +131,13 @@ impl<O: Out> Encoder<O> {
             return Ok(());
         }
         self.sent += self.buf.len();
-        let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK + 1024));
+        // After a full chunk more are likely; after the last, none.
+        let next = if force {
+            Vec::new()
+        } else {
+            Vec::with_capacity(CHUNK + 1024)
+        };
+        let chunk = std::mem::replace(&mut self.buf, next);
         self.out.emit(chunk)
     }
 

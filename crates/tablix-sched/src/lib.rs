@@ -4,8 +4,10 @@
 //!
 //! * [`Lowered`] runs a piece of work under `SCHED_IDLE` (`idle.rs`): the
 //!   store's user queries.
-//! * [`slice::request`] gives a thread a short scheduler slice (`slice.rs`):
-//!   the store's writer, which runs user writes at normal priority.
+//! * [`slice::shorten`] gives a thread a short scheduler slice until
+//!   [`slice::restore`] (`slice.rs`): the store's writer, once a user
+//!   write has run long, keeps normal priority but yields its CPU to
+//!   whatever wakes beside it.
 //!
 //! `slice.rs` calls `sched_setattr(2)` and `sched_getattr(2)`, which no
 //! library tablix uses wraps: this crate, `tablix-vfs` and `tablix-pcache`

@@ -16,6 +16,7 @@
 
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::io;
 use std::time::Duration;
 
@@ -73,22 +74,56 @@ fn set(attr: &SchedAttr) -> io::Result<()> {
     }
 }
 
-/// Asks for slices of `slice` for the calling thread, keeping its policy
-/// and nice value. Returns the slice the kernel now gives it, or None where
-/// the kernel has no slice to report (before 6.12) or the thread is under
-/// another policy (then nothing is changed).
-pub fn request(slice: Duration) -> io::Result<Option<Duration>> {
+/// Sets the calling thread's slice to `runtime` ns (0: the default),
+/// keeping its policy and nice value; returns the slice the kernel now
+/// gives it, or None where it has none to report (before 6.12) or the
+/// thread is under another policy (then nothing is changed).
+fn set_runtime(runtime: u64) -> io::Result<Option<Duration>> {
     let mut attr = get()?;
     if attr.sched_policy != SCHED_OTHER && attr.sched_policy != SCHED_BATCH {
         return Ok(None);
     }
     attr.size = SIZE;
     attr.sched_flags &= SCHED_FLAG_RESET_ON_FORK;
-    // Zero would ask for the default slice.
-    attr.sched_runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX).max(1);
+    attr.sched_runtime = runtime;
     set(&attr)?;
     let now = get()?;
     Ok((now.sched_runtime != 0).then(|| Duration::from_nanos(now.sched_runtime)))
+}
+
+/// Asks for slices of `slice` for the calling thread, keeping its policy
+/// and nice value. Returns the slice the kernel now gives it, or None where
+/// the kernel has no slice to report (before 6.12) or the thread is under
+/// another policy (then nothing is changed).
+pub fn request(slice: Duration) -> io::Result<Option<Duration>> {
+    // Zero would ask for the default slice.
+    set_runtime(u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX).max(1))
+}
+
+thread_local! {
+    /// Whether [`shorten`] changed this thread's slice since [`restore`].
+    static SHORTENED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Gives the calling thread slices of `slice` until [`restore`]; only the
+/// first call after a restore asks the kernel. A failure changes nothing.
+pub fn shorten(slice: Duration) {
+    if SHORTENED.replace(true) {
+        return;
+    }
+    if let Err(e) = request(slice) {
+        tracing::debug!("asking for a {slice:?} scheduler slice failed: {e}");
+    }
+}
+
+/// Gives the calling thread the default slice again if [`shorten`] changed
+/// it; otherwise does nothing (no system call).
+pub fn restore() {
+    if SHORTENED.replace(false)
+        && let Err(e) = set_runtime(0)
+    {
+        tracing::warn!("restoring the default scheduler slice failed: {e}");
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +166,24 @@ mod tests {
                 );
             } else {
                 assert_eq!(got, None);
+            }
+        });
+    }
+
+    #[test]
+    fn a_shortened_thread_gets_its_default_slice_back() {
+        on_a_thread_of_its_own(|| {
+            let default = get().expect("sched_getattr").sched_runtime;
+            restore();
+            assert_eq!(get().expect("sched_getattr").sched_runtime, default);
+            shorten(Duration::from_micros(200));
+            shorten(Duration::from_micros(500));
+            let during = get().expect("sched_getattr").sched_runtime;
+            restore();
+            assert_eq!(get().expect("sched_getattr").sched_runtime, default);
+            if kernel_at_least(6, 12) {
+                assert_eq!(during, 200_000, "the first shorten counts until restored");
+                assert_ne!(default, 200_000);
             }
         });
     }

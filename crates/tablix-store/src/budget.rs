@@ -100,6 +100,8 @@ pub(crate) struct StopCounts {
 #[derive(Debug)]
 pub(crate) struct Guard {
     deadline_ns: AtomicU64,
+    /// When the current request began.
+    started_ns: AtomicU64,
     timeout_ms: AtomicU64,
     cancel: Mutex<Option<Cancel>>,
     stopped: AtomicU8,
@@ -112,6 +114,7 @@ impl Guard {
     pub(crate) fn new(shutdown: Arc<AtomicBool>, counts: Arc<StopCounts>) -> Guard {
         Guard {
             deadline_ns: AtomicU64::new(NO_DEADLINE),
+            started_ns: AtomicU64::new(0),
             timeout_ms: AtomicU64::new(0),
             cancel: Mutex::new(None),
             stopped: AtomicU8::new(Stopped::Running as u8),
@@ -122,7 +125,9 @@ impl Guard {
 
     /// Starts bounding a request: its time runs from now.
     pub(crate) fn start(&self, limits: &Limits) {
-        let deadline = now_ns().saturating_add(limits.timeout.as_nanos() as u64);
+        let now = now_ns();
+        self.started_ns.store(now, Ordering::Relaxed);
+        let deadline = now.saturating_add(limits.timeout.as_nanos() as u64);
         self.timeout_ms
             .store(limits.timeout.as_millis() as u64, Ordering::Relaxed);
         self.deadline_ns.store(deadline, Ordering::Release);
@@ -131,6 +136,11 @@ impl Guard {
         }
         self.stopped
             .store(Stopped::Running as u8, Ordering::Release);
+    }
+
+    /// How long the current request has run.
+    pub(crate) fn running_for(&self) -> Duration {
+        Duration::from_nanos(now_ns().saturating_sub(self.started_ns.load(Ordering::Relaxed)))
     }
 
     /// No request runs: nothing to stop.

@@ -51,6 +51,18 @@ fn user_views() -> [&'static str; 4] {
 /// Smallest value limit, whatever the result limit: SQL needs room to work.
 const MIN_VALUE_LIMIT: usize = 1 << 20;
 
+/// A user write that has run this long computes rather than commits a row:
+/// from then until the request ends the writer thread takes
+/// [`LONG_WRITE_SLICE`]. Short writes keep the default slice, so a burst of
+/// them is not cut up by every thread that wakes.
+const LONG_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The writer's scheduler slice during a long user write, the shortest the
+/// kernel gives: the write keeps normal priority, but whatever wakes beside
+/// it (the mount's threads, their callers) runs within this instead of at
+/// the next tick (`tablix_sched::slice`).
+const LONG_WRITE_SLICE: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// What the connection does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -215,7 +227,19 @@ impl UserConn {
         }
         let guard = Arc::new(setup.watchdog.guard());
         let g = Arc::clone(&guard);
-        conn.progress_handler(PROGRESS_OPS, Some(move || g.should_stop()))?;
+        if role == Role::Writer {
+            conn.progress_handler(
+                PROGRESS_OPS,
+                Some(move || {
+                    if g.running_for() >= LONG_WRITE {
+                        tablix_sched::slice::shorten(LONG_WRITE_SLICE);
+                    }
+                    g.should_stop()
+                }),
+            )?;
+        } else {
+            conn.progress_handler(PROGRESS_OPS, Some(move || g.should_stop()))?;
+        }
         if role != Role::Writer {
             conn.pragma_update(None, "query_only", true)?;
         }
@@ -309,6 +333,9 @@ pub(crate) struct Running<'a> {
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
+        if self.conn.role == Role::Writer {
+            tablix_sched::slice::restore();
+        }
         self.conn.guard.finish();
     }
 }

@@ -34,12 +34,6 @@ static NEXT_MEMORY_DB: AtomicU64 = AtomicU64::new(0);
 /// Connections serving the file system's reads.
 const FS_READERS: usize = 4;
 
-/// The writer's scheduler slice, the shortest the kernel gives: a user
-/// write computing at normal priority yields its CPU to whatever wakes
-/// beside it (the mount's threads, their callers) within this, instead of
-/// at the next tick (`tablix_sched::slice`).
-const WRITER_SLICE: std::time::Duration = std::time::Duration::from_micros(100);
-
 /// An answer that arrives once the writer has committed (or failed).
 pub struct Ticket<T> {
     rx: oneshot::Receiver<Result<T, StoreError>>,
@@ -186,13 +180,7 @@ impl Store {
         };
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())
-            .spawn(move || {
-                match tablix_sched::slice::request(WRITER_SLICE) {
-                    Ok(slice) => tracing::debug!("the writer's scheduler slice: {slice:?}"),
-                    Err(e) => tracing::warn!("asking for the writer's scheduler slice failed: {e}"),
-                }
-                writer.run(rx)
-            })?;
+            .spawn(move || writer.run(rx))?;
         Ok(Store {
             config,
             fs,
