@@ -142,6 +142,16 @@ pub(crate) fn nul_offset(sql: &str) -> Option<usize> {
 /// `reserved` holds: `name AS (`, `name AS [NOT] MATERIALIZED (` and
 /// `name(columns) AS (` forms. Returns the first.
 pub(crate) fn defined_name(sql: &str, reserved: impl Fn(&str) -> bool) -> Option<String> {
+    // Every form needs the word AS, so a statement without those two
+    // letters anywhere (most single-row writes) needs no tokens: this runs
+    // on the writer thread for every user statement.
+    if !sql
+        .as_bytes()
+        .windows(2)
+        .any(|w| w.eq_ignore_ascii_case(b"as"))
+    {
+        return None;
+    }
     let t = tokens(sql);
     for i in 0..t.len() {
         let Some(name) = t[i].name() else { continue };
@@ -262,6 +272,7 @@ mod tests {
             "SELECT path AS files FROM files",
             "SELECT 'files AS (' FROM t",
             "SELECT * FROM files -- AS (\n",
+            "INSERT INTO files(x) VALUES (1)",
         ] {
             assert_eq!(defined_name(sql, files), None, "{sql}");
         }
