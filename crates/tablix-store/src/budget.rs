@@ -100,7 +100,7 @@ pub(crate) struct StopCounts {
 #[derive(Debug)]
 pub(crate) struct Guard {
     deadline_ns: AtomicU64,
-    /// When the current request began.
+    /// When the current request began; `u64::MAX` while none runs.
     started_ns: AtomicU64,
     timeout_ms: AtomicU64,
     cancel: Mutex<Option<Cancel>>,
@@ -114,7 +114,7 @@ impl Guard {
     pub(crate) fn new(shutdown: Arc<AtomicBool>, counts: Arc<StopCounts>) -> Guard {
         Guard {
             deadline_ns: AtomicU64::new(NO_DEADLINE),
-            started_ns: AtomicU64::new(0),
+            started_ns: AtomicU64::new(u64::MAX),
             timeout_ms: AtomicU64::new(0),
             cancel: Mutex::new(None),
             stopped: AtomicU8::new(Stopped::Running as u8),
@@ -138,7 +138,7 @@ impl Guard {
             .store(Stopped::Running as u8, Ordering::Release);
     }
 
-    /// How long the current request has run.
+    /// How long the current request has run; zero while none runs.
     pub(crate) fn running_for(&self) -> Duration {
         Duration::from_nanos(now_ns().saturating_sub(self.started_ns.load(Ordering::Relaxed)))
     }
@@ -146,6 +146,7 @@ impl Guard {
     /// No request runs: nothing to stop.
     pub(crate) fn finish(&self) {
         self.deadline_ns.store(NO_DEADLINE, Ordering::Release);
+        self.started_ns.store(u64::MAX, Ordering::Relaxed);
         if let Ok(mut c) = self.cancel.lock() {
             *c = None;
         }
@@ -392,6 +393,21 @@ mod tests {
         assert!(!g.should_stop());
         shutdown.store(true, Ordering::Release);
         assert!(g.should_stop());
+    }
+
+    #[test]
+    fn a_request_runs_from_its_start_and_none_runs_after_it_finishes() {
+        let g = Guard::new(Arc::default(), Arc::default());
+        assert_eq!(g.running_for(), Duration::ZERO, "before any request");
+        g.start(&Limits {
+            timeout: Duration::from_secs(60),
+            max_result_bytes: 1,
+            cancel: Cancel::new(),
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(g.running_for() >= Duration::from_millis(20));
+        g.finish();
+        assert_eq!(g.running_for(), Duration::ZERO, "after the request");
     }
 
     #[test]
