@@ -52,7 +52,8 @@ fn user_views() -> [&'static str; 4] {
 const MIN_VALUE_LIMIT: usize = 1 << 20;
 
 /// A user write that has run this long computes rather than commits a row:
-/// from then until the request ends the writer thread takes
+/// from then until the writer next waits for work (`writer.rs`: its
+/// rollback and the WAL's checkpoint too) the writer thread takes
 /// [`LONG_WRITE_SLICE`]. Short writes keep the default slice, so a burst of
 /// them is not cut up by every thread that wakes.
 const LONG_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
@@ -333,9 +334,6 @@ pub(crate) struct Running<'a> {
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        if self.conn.role == Role::Writer {
-            tablix_sched::slice::restore();
-        }
         self.conn.guard.finish();
     }
 }

@@ -6,7 +6,7 @@
 //! (`sql_writer.rs`). The thread splits what it gathers into runs of one
 //! kind, in order, and commits each run as one group on its connection.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,18 @@ impl Writer {
             let timeout = next.map_or(IDLE, |d| d.saturating_duration_since(Instant::now()));
             let mut flushes = Vec::new();
             let mut wrote = false;
-            match rx.recv_timeout(timeout) {
+            let got = match rx.try_recv() {
+                Ok(first) => Ok(first),
+                Err(TryRecvError::Empty) => {
+                    // Idle: a long user write's short scheduler slice
+                    // (`sandbox.rs`) lasts through what followed it (its
+                    // rollback, the WAL's checkpoint) and ends here.
+                    tablix_sched::slice::restore();
+                    rx.recv_timeout(timeout)
+                }
+                Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            };
+            match got {
                 Ok(first) => {
                     let mut applies: Vec<Item> = Vec::new();
                     let mut next = Some(first);
