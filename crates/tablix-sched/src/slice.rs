@@ -95,7 +95,7 @@ fn set_runtime(runtime: u64) -> io::Result<Option<Duration>> {
 /// and nice value. Returns the slice the kernel now gives it, or None where
 /// the kernel has no slice to report (before 6.12) or the thread is under
 /// another policy (then nothing is changed).
-pub fn request(slice: Duration) -> io::Result<Option<Duration>> {
+fn request(slice: Duration) -> io::Result<Option<Duration>> {
     // Zero would ask for the default slice.
     set_runtime(u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX).max(1))
 }

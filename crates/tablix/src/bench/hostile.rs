@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
+use crate::bench::answer;
 use crate::bench::daemon::Daemon;
 use crate::cli::HostileBenchArgs;
 
@@ -127,19 +128,7 @@ fn post(agent: &ureq::Agent, http: &str, path: &str, body: &str) -> bool {
         .header("Content-Type", "application/json")
         .send(body)
         .and_then(|mut r| r.body_mut().read_to_string())
-        .is_ok_and(|text| succeeded(&text))
-}
-
-/// Whether an rqlite-style answer has results, none of them an error.
-fn succeeded(text: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(text)
-        .ok()
-        .and_then(|v| {
-            v["results"]
-                .as_array()
-                .map(|r| !r.is_empty() && r.iter().all(|one| one.get("error").is_none()))
-        })
-        .unwrap_or(false)
+        .is_ok_and(|text| answer::succeeded(&text))
 }
 
 /// Two ordinary clients, an insert and a count, over and over for
@@ -303,22 +292,4 @@ fn run_mode(args: &HostileBenchArgs, dir: &Path, mode: &str) -> anyhow::Result<(
         args.memory_limit >> 20
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::succeeded;
-
-    #[test]
-    fn an_answer_with_an_error_is_no_success() {
-        assert!(succeeded(r#"{"results":[{"rows_affected":1}]}"#));
-        assert!(succeeded(
-            r#"{"results":[{"columns":["count(*)"],"values":[[3]]}]}"#
-        ));
-        assert!(!succeeded(
-            r#"{"results":[{"error":"interrupted: the statement ran past its time limit"}]}"#
-        ));
-        assert!(!succeeded(r#"{"results":[]}"#));
-        assert!(!succeeded("not json"));
-    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rusqlite::Connection;
 
-use super::median;
+use super::{answer, median};
 use crate::cli::InsertBenchArgs;
 
 /// Plain rusqlite, one INSERT per transaction, synchronous=FULL, WAL (the
@@ -102,7 +102,7 @@ fn through_http(addr: &str, clients: usize, seconds: f64) -> anyhow::Result<f64>
                     .header("Content-Type", "application/json")
                     .send(body)
                     .and_then(|mut r| r.body_mut().read_to_string())
-                    .is_ok_and(|text| one_row_inserted(&text));
+                    .is_ok_and(|text| answer::one_row_inserted(&text));
                 if inserted {
                     done.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -122,14 +122,6 @@ fn through_http(addr: &str, clients: usize, seconds: f64) -> anyhow::Result<f64>
         bail!("{} requests failed", failed.load(Ordering::Relaxed));
     }
     Ok(done.load(Ordering::Relaxed) as f64 / elapsed)
-}
-
-/// Whether an rqlite-style answer to one INSERT reports one row inserted.
-fn one_row_inserted(text: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(text)
-        .ok()
-        .and_then(|v| v["results"][0]["rows_affected"].as_i64())
-        == Some(1)
 }
 
 pub fn run(a: InsertBenchArgs) -> anyhow::Result<ExitCode> {
@@ -183,21 +175,4 @@ pub fn run(a: InsertBenchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::one_row_inserted;
-
-    #[test]
-    fn only_an_answer_reporting_one_inserted_row_counts() {
-        assert!(one_row_inserted(
-            r#"{"results":[{"last_insert_id":7,"rows_affected":1}]}"#
-        ));
-        assert!(!one_row_inserted(
-            r#"{"results":[{"error":"no such table: bench"}]}"#
-        ));
-        assert!(!one_row_inserted(r#"{"results":[{"rows_affected":0}]}"#));
-        assert!(!one_row_inserted("<html>busy</html>"));
-    }
 }

@@ -1,6 +1,7 @@
 //! `tablix bench`: benchmarks as programs, reporting ratios against a
 //! baseline measured in the same run on the same machine.
 
+mod answer;
 mod daemon;
 mod fs;
 mod hits;
