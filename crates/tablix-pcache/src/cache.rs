@@ -43,6 +43,7 @@ pub unsafe fn slot_of(page: *mut PcachePage) -> u32 {
 ///    pages force it to.
 /// 4. Every live slot owns one allocation whose header names the slot.
 /// 5. The policy's structures agree with the slots (see each policy).
+/// 6. No live slot's key exceeds `max_key` (DESIGN.md's invariant 7).
 pub struct Cache<P: Evict> {
     page_size: usize,
     extra_size: usize,
@@ -56,6 +57,10 @@ pub struct Cache<P: Evict> {
     /// Bounded by `SPARE_LIMIT`.
     spare: Vec<*mut u8>,
     map: Table,
+    /// A bound on the keys held (invariant 6), so that `truncate`, which
+    /// SQLite calls at the end of every transaction with the database's
+    /// length, finds nothing to discard without visiting every slot.
+    max_key: u32,
     resident: usize,
     pinned: usize,
     hits: u64,
@@ -84,6 +89,7 @@ impl<P: Evict> Cache<P> {
             free: Vec::new(),
             spare: Vec::new(),
             map: Table::new(),
+            max_key: 0,
             resident: 0,
             pinned: 0,
             hits: 0,
@@ -234,6 +240,7 @@ impl<P: Evict> Cache<P> {
         s.pinned = true;
         s.freq = 0;
         self.pinned += 1;
+        self.max_key = self.max_key.max(key);
         self.map.insert(&mut self.slots, i);
         self.policy.admit(&mut self.slots, i);
         self.page_ptr(i)
@@ -280,6 +287,7 @@ impl<P: Evict> Cache<P> {
             self.slots[i as usize].key = new;
             self.map.insert(&mut self.slots, i);
             self.policy.rekey(&mut self.slots, i, new);
+            self.max_key = self.max_key.max(new);
         }
         self.publish();
     }
@@ -287,12 +295,16 @@ impl<P: Evict> Cache<P> {
     /// `xTruncate`: discards every page whose key is `limit` or more,
     /// pinned or not.
     pub fn truncate(&mut self, limit: u32) {
+        if self.resident == 0 || limit > self.max_key {
+            return;
+        }
         let doomed: Vec<u32> = (0..self.slots.len() as u32)
             .filter(|&i| self.slots[i as usize].live && self.slots[i as usize].key >= limit)
             .collect();
         for i in doomed {
             self.remove(i);
         }
+        self.max_key = limit.saturating_sub(1);
         self.publish();
     }
 
@@ -410,6 +422,11 @@ impl<P: Evict> Cache<P> {
             assert!(!s.mem.is_null());
             // SAFETY: a live slot's allocation starts with our header.
             assert_eq!(unsafe { slot_of(s.mem.cast()) }, i, "header of slot {i}");
+            assert!(
+                s.key <= self.max_key,
+                "key {} of slot {i} over the bound",
+                s.key
+            );
         }
         if self.purgeable && self.resident > self.capacity {
             assert!(
