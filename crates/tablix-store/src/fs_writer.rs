@@ -6,8 +6,6 @@
 //! so nothing a user defined on the schema can stop or extend a
 //! file-system operation.
 
-use std::path::Path;
-
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use tablix_vfs::ClockVfs;
@@ -19,6 +17,7 @@ use crate::group::{self, BEGIN_WRITE};
 use crate::outcome::Applied;
 use crate::policy::error_message;
 use crate::schema;
+use crate::wal::WalFile;
 
 /// Most WAL pages between automatic checkpoints (64 MiB).
 const WAL_AUTOCHECKPOINT_PAGES: u64 = 16384;
@@ -252,7 +251,7 @@ impl FsWriter {
     /// written page zeroed first (measured: 7-10% of the daemon's profile
     /// during Bonnie++'s rewrite). Call with the write turn held: no
     /// writer may append while the file is cut.
-    pub(crate) fn try_cut_wal(&self, wal: &Path, limit: u64) -> Result<bool, StoreError> {
+    pub(crate) fn try_cut_wal(&self, wal: &WalFile, limit: u64) -> Result<bool, StoreError> {
         self.conn.busy_timeout(std::time::Duration::ZERO)?;
         let r = self
             .conn
@@ -269,10 +268,10 @@ impl FsWriter {
         // Every frame is in the database and no reader uses one: a reader
         // starting now reads the database alone, and the next writer
         // starts the WAL over from its first frame.
-        if crate::writer::wal_bytes(wal) > limit {
+        if wal.bytes() > limit {
             std::fs::OpenOptions::new()
                 .write(true)
-                .open(wal)?
+                .open(wal.path())?
                 .set_len(limit)?;
         }
         Ok(true)

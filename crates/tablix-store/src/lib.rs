@@ -38,6 +38,7 @@ mod stamp;
 mod stats;
 mod store;
 mod volatile;
+mod wal;
 mod writer;
 
 pub use budget::{Cancel, Limits};

@@ -26,6 +26,7 @@ use crate::sandbox::{ProcVisibility, Role, Setup, UserConn};
 use crate::sql_writer::SqlWriter;
 use crate::stats::{Counters, StoreStats};
 use crate::volatile::Volatile;
+use crate::wal::WalFile;
 use crate::writer::{Request, Writer};
 
 /// Distinguishes the memory databases of stores opened in one process.
@@ -177,6 +178,7 @@ impl Store {
             volatile: Arc::clone(&volatile),
             config: config.clone(),
             counters: Arc::clone(&counters),
+            wal: WalFile::of(&config.database_path()),
         };
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())

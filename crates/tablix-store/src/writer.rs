@@ -21,6 +21,7 @@ use crate::outcome::Applied;
 use crate::sql_writer::SqlWriter;
 use crate::stats::Counters;
 use crate::volatile::Volatile;
+use crate::wal::WalFile;
 
 /// How long the writer sleeps when nothing awaits a flush.
 const IDLE: Duration = Duration::from_secs(3600);
@@ -51,6 +52,7 @@ pub(crate) struct Writer {
     pub(crate) volatile: Arc<Volatile>,
     pub(crate) config: StoreConfig,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) wal: WalFile,
 }
 
 type Item = (Box<Stamped>, Limits, Reply);
@@ -120,7 +122,8 @@ impl Writer {
                 deadline = None;
                 // Async mode's file-system writes reach the WAL on the
                 // callers' threads: their commit here is where it grows.
-                wrote = true;
+                // A sync-mode flush writes nothing.
+                wrote |= is_async;
                 if let Err(e) = &r {
                     tracing::error!("flush failed: {e}");
                 }
@@ -275,8 +278,7 @@ impl Writer {
     /// Checkpoints and truncates the WAL when it outgrew its bound.
     /// Returns whether it is still over (readers held it): try later.
     fn bound_wal(&self) -> bool {
-        let wal = self.config.database_path().with_extension("db-wal");
-        let size = wal_bytes(&wal);
+        let size = self.wal.bytes();
         if size <= self.config.wal_limit {
             return false;
         }
@@ -284,7 +286,7 @@ impl Writer {
             let _turn = self.turn()?;
             let mut fs = self.fs()?;
             fs.commit_pending()?;
-            fs.try_cut_wal(&wal, self.config.wal_limit)
+            fs.try_cut_wal(&self.wal, self.config.wal_limit)
         })();
         match r {
             Ok(true) => {
@@ -297,35 +299,5 @@ impl Writer {
                 true
             }
         }
-    }
-}
-
-/// The WAL's length, asked of the kernel without its timestamps: since
-/// Linux 6.13 a file whose change time was read is given a fine-grained
-/// one at its next write, so a `stat` after every commit made every
-/// following commit's fsync write the WAL's inode as well (measured:
-/// single-row inserts 3.0 device writes each instead of 2.1, a sixth
-/// slower). A WAL that cannot be asked about counts as empty.
-pub(crate) fn wal_bytes(wal: &std::path::Path) -> u64 {
-    rustix::fs::statx(
-        rustix::fs::CWD,
-        wal,
-        rustix::fs::AtFlags::empty(),
-        rustix::fs::StatxFlags::SIZE,
-    )
-    .map_or(0, |s| s.stx_size)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_wal_length_is_the_file_length_and_a_missing_wal_is_empty() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let wal = dir.path().join("tablix.db-wal");
-        assert_eq!(wal_bytes(&wal), 0);
-        std::fs::write(&wal, vec![7u8; 12345]).expect("write");
-        assert_eq!(wal_bytes(&wal), 12345);
     }
 }
