@@ -55,7 +55,7 @@ fn restore(nice: i32) -> Result<(), String> {
 
 /// Whether this process may take a thread out of `SCHED_IDLE` again;
 /// found out on a scratch thread, whose policy then dies with it.
-pub fn may_restore() -> bool {
+fn may_restore() -> bool {
     static MAY: OnceLock<bool> = OnceLock::new();
     *MAY.get_or_init(|| {
         std::thread::Builder::new()

@@ -16,4 +16,4 @@
 mod idle;
 pub mod slice;
 
-pub use idle::{Lowered, may_restore};
+pub use idle::Lowered;

@@ -228,19 +228,16 @@ impl UserConn {
         }
         let guard = Arc::new(setup.watchdog.guard());
         let g = Arc::clone(&guard);
-        if role == Role::Writer {
-            conn.progress_handler(
-                PROGRESS_OPS,
-                Some(move || {
-                    if g.running_for() >= LONG_WRITE {
-                        tablix_sched::slice::shorten(LONG_WRITE_SLICE);
-                    }
-                    g.should_stop()
-                }),
-            )?;
-        } else {
-            conn.progress_handler(PROGRESS_OPS, Some(move || g.should_stop()))?;
-        }
+        let writes = role == Role::Writer;
+        conn.progress_handler(
+            PROGRESS_OPS,
+            Some(move || {
+                if writes && g.running_for() >= LONG_WRITE {
+                    tablix_sched::slice::shorten(LONG_WRITE_SLICE);
+                }
+                g.should_stop()
+            }),
+        )?;
         if role != Role::Writer {
             conn.pragma_update(None, "query_only", true)?;
         }
