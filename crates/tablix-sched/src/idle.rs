@@ -9,8 +9,26 @@
 //! store runs user queries on the API's blocking pool), so a thread enters
 //! `SCHED_IDLE` only where it can leave it again, which is probed once, on
 //! a thread of its own. Without the capability nothing is lowered.
+//!
+//! A lowered thread also gives way ([`give_way`], from a loop it runs,
+//! such as SQLite's progress handler): every [`GIVE_WAY_EVERY`] it yields.
+//! `SCHED_IDLE` alone does not make it step aside for a thread that is
+//! already runnable. EEVDF picks among the threads *eligible* on a CPU
+//! (those not ahead of their fair share), so when the only other
+//! runnable thread has run ahead by a hair, the idle thread is picked, and
+//! it then keeps the CPU for its whole slice, which is wall time whatever
+//! its weight: on this kernel (HZ=250, no preemption) nothing looks again
+//! before the next tick. Measured with `perf sched` under `tablix bench
+//! hostile`: a client whose FUSE reply had woken it waited 3.5 ms while a
+//! runaway query ran. A yield makes the scheduler pick again at once
+//! (EEVDF's `yield_task_fair` charges the time run and moves the yielding
+//! thread's deadline back); with nothing else runnable it is one system
+//! call. Without the capability to lower, the thread still gives way.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use rustix::process::{getpriority_process, setpriority_process};
 use thread_priority::{
@@ -75,23 +93,57 @@ fn may_restore() -> bool {
     })
 }
 
-/// The calling thread under `SCHED_IDLE` until dropped, where the process
-/// may take it out again; otherwise nothing changes.
+/// How long a lowered thread runs between two yields: what a thread ready
+/// beside it may wait (plus one call of the loop that gives way).
+pub const GIVE_WAY_EVERY: Duration = Duration::from_micros(100);
+
+thread_local! {
+    /// While a [`Lowered`] lives on this thread: when it last gave way.
+    static GAVE_WAY: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Yields the CPU if the calling thread is lowered and has not yielded for
+/// [`GIVE_WAY_EVERY`]; otherwise returns at once (no system call).
+/// Returns whether it yielded.
+pub fn give_way() -> bool {
+    let Some(last) = GAVE_WAY.get() else {
+        return false;
+    };
+    let now = Instant::now();
+    if now.duration_since(last) < GIVE_WAY_EVERY {
+        return false;
+    }
+    std::thread::yield_now();
+    GAVE_WAY.set(Some(now));
+    true
+}
+
+/// The calling thread under `SCHED_IDLE`, where the process may take it
+/// out again, and giving way ([`give_way`]) until dropped.
 #[must_use = "the thread is lowered only while the guard lives"]
 pub struct Lowered {
     nice: Option<i32>,
+    /// What the mark was before: an enclosing guard's.
+    was: Option<Instant>,
+    /// Dropped on the thread it lowered: the policy and the thread-local
+    /// mark belong to that thread.
+    _thread: PhantomData<*const ()>,
 }
 
 impl Lowered {
     pub fn enter() -> Lowered {
+        let was = GAVE_WAY.replace(Some(Instant::now()));
         Lowered {
             nice: if may_restore() { idle() } else { None },
+            was,
+            _thread: PhantomData,
         }
     }
 }
 
 impl Drop for Lowered {
     fn drop(&mut self) {
+        GAVE_WAY.set(self.was);
         if let Some(nice) = self.nice
             && let Err(e) = restore(nice)
         {
@@ -125,6 +177,31 @@ mod tests {
                 }
             }
             assert_eq!(now(), before);
+        })
+        .join()
+        .expect("the test thread");
+    }
+
+    #[test]
+    fn only_a_lowered_thread_gives_way_and_not_more_often_than_its_period() {
+        std::thread::spawn(|| {
+            std::thread::sleep(GIVE_WAY_EVERY);
+            assert!(!give_way(), "not lowered");
+            {
+                let _low = Lowered::enter();
+                assert!(!give_way(), "lowered just now");
+                std::thread::sleep(GIVE_WAY_EVERY);
+                assert!(give_way(), "a period later");
+                assert!(!give_way(), "just gave way");
+                std::thread::sleep(GIVE_WAY_EVERY);
+                {
+                    let _inner = Lowered::enter();
+                    assert!(!give_way(), "the inner guard starts a period");
+                }
+                assert!(give_way(), "the outer guard's period again");
+            }
+            std::thread::sleep(GIVE_WAY_EVERY);
+            assert!(!give_way(), "no longer lowered");
         })
         .join()
         .expect("the test thread");

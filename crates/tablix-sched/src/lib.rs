@@ -3,7 +3,9 @@
 //! machine runs.
 //!
 //! * [`Lowered`] runs a piece of work under `SCHED_IDLE` (`idle.rs`): the
-//!   store's user queries.
+//!   store's user queries. Their progress handler calls [`give_way`],
+//!   which yields every [`GIVE_WAY_EVERY`] so that a thread that is ready
+//!   runs without waiting for the scheduler's tick.
 //! * [`slice::shorten`] gives a thread a short scheduler slice until
 //!   [`slice::restore`] (`slice.rs`): the store's writer, once a user
 //!   write has run long, keeps normal priority but yields its CPU to
@@ -16,4 +18,4 @@
 mod idle;
 pub mod slice;
 
-pub use idle::Lowered;
+pub use idle::{GIVE_WAY_EVERY, Lowered, give_way};

@@ -235,6 +235,9 @@ impl UserConn {
                 if writes && g.running_for() >= LONG_WRITE {
                     tablix_sched::slice::shorten(LONG_WRITE_SLICE);
                 }
+                // A reader's query runs lowered (`begin`) and yields to
+                // any thread ready beside it; for the writer a no-op.
+                tablix_sched::give_way();
                 g.should_stop()
             }),
         )?;
