@@ -48,7 +48,7 @@ impl Volatile {
     pub(crate) fn open(name: &str) -> Result<Volatile, StoreError> {
         let vfs = tablix_vfs::register_mem_vfs().map_err(|e| StoreError::Open(e.to_string()))?;
         let uri = format!("file:{name}?vfs={vfs}");
-        let writer = connect(&uri, true)?;
+        let writer = connect(&uri, Access::Writer)?;
         write_txn(&writer, |c| {
             c.execute_batch(MEMORY_SCHEMA)?;
             c.execute_batch(tablix_pipe::schema::SCHEMA)?;
@@ -121,7 +121,7 @@ impl Volatile {
         let idle = self.idle.lock().ok().and_then(|mut i| i.pop());
         match idle {
             Some(c) => Ok(c),
-            None => connect(&self.uri, false),
+            None => connect(&self.uri, Access::Reader),
         }
     }
 
@@ -148,13 +148,22 @@ impl Volatile {
     }
 }
 
-fn connect(uri: &str, create: bool) -> Result<Connection, StoreError> {
-    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-        | OpenFlags::SQLITE_OPEN_URI
-        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    if create {
-        flags |= OpenFlags::SQLITE_OPEN_CREATE;
-    }
+/// What a connection to the memory database may do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Creates the database and applies Commands: the one writer.
+    Writer,
+    /// tablix's own reads and the images' copies: opened read-only and
+    /// `query_only`, so a read can never change what only Commands may.
+    Reader,
+}
+
+fn connect(uri: &str, access: Access) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    flags |= match access {
+        Access::Writer => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        Access::Reader => OpenFlags::SQLITE_OPEN_READ_ONLY,
+    };
     let conn = Connection::open_with_flags(uri, flags)?;
     // The rollback journal stays in this connection's memory: the database
     // itself is memory, and only this connection can roll its own
@@ -171,6 +180,9 @@ fn connect(uri: &str, create: bool) -> Result<Connection, StoreError> {
         true,
     )?;
     conn.set_prepared_statement_cache_capacity(64);
+    if access == Access::Reader {
+        conn.pragma_update(None, "query_only", true)?;
+    }
     Ok(conn)
 }
 
@@ -265,4 +277,35 @@ fn set_daemon(conn: &Connection, d: &DaemonRecord, now_ns: i64) -> rusqlite::Res
         now_ns
     ])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tablix_own_reads_cannot_write_the_memory_database() {
+        let v = Volatile::open("volatile-test-readers").expect("opening");
+        let count = |v: &Volatile| {
+            v.read(|c| c.query_row("SELECT count(*) FROM daemon", [], |r| r.get::<_, i64>(0)))
+                .expect("a reader")
+                .expect("counting")
+        };
+        let before = count(&v);
+        let attempts = [
+            "UPDATE daemon SET pid = pid",
+            "DELETE FROM daemon",
+            "CREATE TABLE t(x)",
+        ];
+        for sql in attempts {
+            let r = v.read(|c| c.execute(sql, [])).expect("a reader");
+            assert!(
+                matches!(&r, Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ReadOnly),
+                "{sql} on a reader gave {r:?}"
+            );
+        }
+        assert_eq!(count(&v), before);
+        // A reader is still a backup's source.
+        assert!(!v.image().expect("an image").bytes.is_empty());
+    }
 }
