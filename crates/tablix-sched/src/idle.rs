@@ -12,19 +12,19 @@
 //!
 //! A lowered thread also gives way ([`give_way`], called from a loop it
 //! runs, such as SQLite's progress handler): the first call after each
-//! [`GIVE_WAY_EVERY`] of running yields.
-//! `SCHED_IDLE` alone does not make it step aside for a thread that is
-//! already runnable. EEVDF picks among the threads *eligible* on a CPU
-//! (those not ahead of their fair share), so when the only other
-//! runnable thread has run ahead by a hair, the idle thread is picked, and
-//! it then keeps the CPU for its whole slice, which is wall time whatever
-//! its weight: on this kernel (HZ=250, no preemption) nothing looks again
-//! before the next tick. Traced with the scheduler's tracepoints under
-//! `tablix bench hostile`: a client whose FUSE reply had woken it waited
-//! 3.5 ms while a runaway query ran. A yield makes the scheduler pick again at once
-//! (EEVDF's `yield_task_fair` charges the time run and moves the yielding
-//! thread's deadline back); with nothing else runnable it is one system
-//! call. Without the capability to lower, the thread still gives way.
+//! [`GIVE_WAY_EVERY`] of running yields. `SCHED_IDLE` alone does not make
+//! it step aside for a thread that is already runnable. EEVDF picks among
+//! the threads *eligible* on a CPU (those not ahead of their fair share),
+//! so when the only other runnable thread has run ahead by a hair, the
+//! idle thread is picked, and it then keeps the CPU for its whole slice,
+//! which is wall time whatever its weight: on this kernel (HZ=250, no
+//! preemption) nothing looks again before the next tick. Traced with the
+//! scheduler's tracepoints under `tablix bench hostile`: a client whose
+//! FUSE reply had woken it waited 3.5 ms while a runaway query ran. A
+//! yield makes the scheduler pick again at once (EEVDF's `yield_task_fair`
+//! charges the time run and moves the yielding thread's deadline back);
+//! with nothing else runnable it is one system call. Without the
+//! capability to lower, the thread still gives way.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
