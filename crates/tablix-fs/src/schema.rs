@@ -76,10 +76,17 @@ pub(crate) fn spans(from: u64, to: u64) -> impl Iterator<Item = Span> {
     })
 }
 
-/// Schema migration creating the file system, with its root directory.
-/// The root gets its owner and times at the first mount (`FsOp::Mount`).
-/// Released as the store's migration 2: never edited.
-pub const SCHEMA: &str = "
+/// The file system's migrations of the persistent database, as
+/// (schema version, SQL): the store runs them, in version order among the
+/// other domains', on the file system's writer connection. Each is frozen
+/// once released (a change is a new migration appended here), which
+/// `released_migrations_are_frozen` checks.
+pub const MIGRATIONS: &[(u32, &str)] = &[(2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4)];
+
+/// The store's migration 2: creates the file system, with its root
+/// directory. The root gets its owner and times at the first mount
+/// (`FsOp::Mount`). Frozen.
+pub const MIGRATION_2: &str = "
 CREATE TABLE main.tablix_inode(
     ino       INTEGER PRIMARY KEY AUTOINCREMENT,
     mode      INTEGER NOT NULL,
@@ -152,7 +159,7 @@ SELECT w.path AS path,
 FROM walk w JOIN tablix_inode i ON i.ino = w.ino;
 ";
 
-/// The store's migration 3, after [`SCHEMA`]. Frozen once released.
+/// The store's migration 3, after [`MIGRATION_2`]. Frozen.
 ///
 /// * Inode numbers come from `tablix_meta.next_ino` instead of
 ///   AUTOINCREMENT, so `sqlite_sequence` holds only rows of user tables and
@@ -195,7 +202,7 @@ DELETE FROM main.sqlite_sequence WHERE name = 'tablix_inode';
 ALTER TABLE main.tablix_block ADD COLUMN crc BLOB;
 ";
 
-/// The store's migration 4, after [`MIGRATION_3`]. Frozen once released.
+/// The store's migration 4, after [`MIGRATION_3`]. Frozen.
 ///
 /// Checksums move to their own table, `tablix_block_sum` (`crc`: CRC-32 of
 /// the block's `data`, 4 bytes big-endian; no row for a block written
@@ -255,9 +262,9 @@ mod tests {
 
     #[test]
     fn schema_literals_agree_with_the_constants() {
-        assert!(SCHEMA.contains(&format!("('fs_block_size', {BLOCK_SIZE})")));
-        assert!(SCHEMA.contains(&format!("id >> {BLOCK_INDEX_BITS}")));
-        assert!(SCHEMA.contains(&format!("id & {}", (1u64 << BLOCK_INDEX_BITS) - 1)));
+        assert!(MIGRATION_2.contains(&format!("('fs_block_size', {BLOCK_SIZE})")));
+        assert!(MIGRATION_2.contains(&format!("id >> {BLOCK_INDEX_BITS}")));
+        assert!(MIGRATION_2.contains(&format!("id & {}", (1u64 << BLOCK_INDEX_BITS) - 1)));
         assert_eq!(MAX_FILE_SIZE, 1 << 40);
         assert_eq!(block_key(3, 5), (3 << 24) | 5);
         assert_eq!(split_block_key(block_key(3, 5)), (3, 5));

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use crate::check::{self, Options, Report};
 use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, MIGRATION_3, MIGRATION_4, SCHEMA};
+use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4};
 use crate::{Errno, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
@@ -15,7 +15,7 @@ fn fs_v2() -> Connection {
     let c = Connection::open_in_memory().expect("memory db");
     c.execute_batch("CREATE TABLE tablix_meta(key TEXT PRIMARY KEY, value ANY) STRICT;")
         .expect("meta");
-    c.execute_batch(SCHEMA).expect("schema");
+    c.execute_batch(MIGRATION_2).expect("schema");
     c
 }
 

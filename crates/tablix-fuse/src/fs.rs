@@ -79,7 +79,7 @@ impl TablixFs {
 
     fn read<R>(
         &self,
-        f: impl FnOnce(&rusqlite::Connection) -> Result<R, Errno>,
+        f: impl FnOnce(&tablix_store::ReadConn) -> Result<R, Errno>,
     ) -> Result<R, Errno> {
         self.store.read_latest(f).map_err(|e| store_errno(&e))?
     }
@@ -176,7 +176,7 @@ impl TablixFs {
 
     fn statfs_inner(&self) -> Result<Statfs, Errno> {
         let vfs = nix::sys::statvfs::statvfs(&self.config.data_dir).map_err(|e| Errno(e as i32))?;
-        let files = self.read(read::inode_count)?;
+        let files = self.read(|c| read::inode_count(c))?;
         let frsize = vfs.fragment_size() as u64;
         let free_files = vfs.blocks_available() as u64 * frsize / 4096;
         Ok(Statfs {

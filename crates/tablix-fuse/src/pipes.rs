@@ -184,7 +184,7 @@ impl Pipes {
     /// Runs tablix's own read on the memory database; no row is ENOENT.
     fn query<T>(
         &self,
-        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+        f: impl FnOnce(&tablix_store::ReadConn) -> rusqlite::Result<T>,
     ) -> Result<T, Errno> {
         self.store
             .read_volatile(f)

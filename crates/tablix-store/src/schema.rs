@@ -10,37 +10,34 @@ use crate::error::StoreError;
 /// `PRAGMA application_id` of a tablix database: "tblx".
 pub const APPLICATION_ID: i64 = 0x7462_6c78;
 
-struct Migration {
-    version: u32,
-    sql: &'static str,
-}
-
-/// Persistent-database migrations, applied in order. `PRAGMA user_version`
-/// records the last one applied. Never edit a released entry: append.
-const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        sql: "CREATE TABLE main.tablix_meta(
+/// The store's own migration: its metadata table, which every domain may
+/// add keys to. Frozen.
+const STORE_MIGRATION_1: &str = "CREATE TABLE main.tablix_meta(
                   key   TEXT PRIMARY KEY,
                   value ANY
               ) STRICT;
-              INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');",
-    },
-    Migration {
-        version: 2,
-        sql: tablix_fs::schema::SCHEMA,
-    },
-    Migration {
-        version: 3,
-        sql: tablix_fs::schema::MIGRATION_3,
-    },
-    Migration {
-        version: 4,
-        sql: tablix_fs::schema::MIGRATION_4,
-    },
-];
+              INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');";
+
+/// Every domain's migrations of the persistent database, as (schema
+/// version, SQL). Each domain owns its list and its frozen SQL; the
+/// versions are one sequence across domains, and `PRAGMA user_version`
+/// records the last one applied. A new migration takes the next version.
+/// (The memory database has no migrations: it is created afresh at every
+/// start.)
+const DOMAIN_MIGRATIONS: &[&[(u32, &str)]] =
+    &[&[(1, STORE_MIGRATION_1)], tablix_fs::schema::MIGRATIONS];
 
 pub const LATEST_SCHEMA_VERSION: u32 = 4;
+
+/// The migrations in the order they run.
+fn migrations() -> Vec<(u32, &'static str)> {
+    let mut all: Vec<(u32, &'static str)> = DOMAIN_MIGRATIONS
+        .iter()
+        .flat_map(|d| d.iter().copied())
+        .collect();
+    all.sort_by_key(|(v, _)| *v);
+    all
+}
 
 /// The system tables checked at every start, when they exist: small next
 /// to the data blocks and user tables, which `tablix fsck` checks whole
@@ -142,13 +139,13 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
     // neither be rewritten nor stop them.
     conn.pragma_update(None, "legacy_alter_table", true)?;
     conn.pragma_update(None, "foreign_keys", false)?;
-    for m in MIGRATIONS.iter().filter(|m| m.version > version) {
+    for (v, sql) in migrations().into_iter().filter(|(v, _)| *v > version) {
         let tx = conn.unchecked_transaction()?;
-        tx.execute_batch(m.sql)?;
+        tx.execute_batch(sql)?;
         tx.pragma_update(Some("main"), "application_id", APPLICATION_ID)?;
-        tx.pragma_update(Some("main"), "user_version", m.version)?;
+        tx.pragma_update(Some("main"), "user_version", v)?;
         tx.commit()?;
-        tracing::info!(version = m.version, "applied schema migration");
+        tracing::info!(version = v, "applied schema migration");
     }
     conn.pragma_update(None, "legacy_alter_table", false)?;
     Ok(())
@@ -159,13 +156,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn migrations_are_ordered_and_end_at_latest() {
-        let mut last = 0;
-        for m in MIGRATIONS {
-            assert!(m.version > last, "migration {} out of order", m.version);
-            last = m.version;
+    fn migrations_are_numbered_one_to_latest_without_gaps() {
+        let versions: Vec<u32> = migrations().iter().map(|(v, _)| *v).collect();
+        assert_eq!(versions, (1..=LATEST_SCHEMA_VERSION).collect::<Vec<_>>());
+    }
+
+    /// CRC-32 of each released migration's SQL. A database migrated by
+    /// one build must be what any later build expects: a failure here
+    /// means a released migration was edited, which must instead be a new
+    /// migration.
+    const RELEASED: &[(u32, u32)] = &[
+        (1, 0x171a_4b58),
+        (2, 0x650f_ef4b),
+        (3, 0xc9c7_3f21),
+        (4, 0x1234_c39b),
+    ];
+
+    #[test]
+    fn released_migrations_are_frozen() {
+        let all = migrations();
+        for (version, crc) in RELEASED {
+            let sql = all
+                .iter()
+                .find(|(v, _)| v == version)
+                .map(|(_, sql)| *sql)
+                .unwrap_or_else(|| panic!("released migration {version} is gone"));
+            assert_eq!(
+                crc32fast::hash(sql.as_bytes()),
+                *crc,
+                "released migration {version} was edited: add a new migration instead"
+            );
         }
-        assert_eq!(last, LATEST_SCHEMA_VERSION);
+        assert_eq!(RELEASED.len() as u32, LATEST_SCHEMA_VERSION);
     }
 
     #[test]

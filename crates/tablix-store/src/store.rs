@@ -21,6 +21,7 @@ use crate::fs_writer::FsWriter;
 use crate::lock::DirLock;
 use crate::outcome::{Applied, StatementOutcome};
 use crate::principal::Principal;
+use crate::read_conn::ReadConn;
 use crate::readers::{self, Pool};
 use crate::sandbox::{ProcVisibility, Role, Setup, UserConn};
 use crate::sql_writer::SqlWriter;
@@ -248,10 +249,7 @@ impl Store {
 
     /// Runs tablix's own read-only SQL on the memory database (as `main`),
     /// for crates that own its tables: pipes and processes.
-    pub fn read_volatile<R>(
-        &self,
-        f: impl FnOnce(&rusqlite::Connection) -> R,
-    ) -> Result<R, StoreError> {
+    pub fn read_volatile<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
         Counters::add(&self.counters.reads, 1);
         self.volatile.read(f)
     }
@@ -283,20 +281,18 @@ impl Store {
     }
 
     /// Runs tablix's own read-only SQL (`f`) on the newest state, including
-    /// operations of [`Store::apply_fs_now`] not committed yet: on the
-    /// file system's writer connection in async mode, on the file system's
-    /// readers (see [`Store::read`]) in sync mode, where nothing
-    /// acknowledged is uncommitted.
-    pub fn read_latest<R>(
-        &self,
-        f: impl FnOnce(&rusqlite::Connection) -> R,
-    ) -> Result<R, StoreError> {
+    /// operations of [`Store::apply_fs_now`] not committed yet: in async
+    /// mode on the file system's writer connection, lent `query_only` for
+    /// the call; in sync mode, where nothing acknowledged is uncommitted,
+    /// on the file system's readers (see [`Store::read`]).
+    pub fn read_latest<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
         if self.config.durability == crate::config::Durability::Sync {
             return self.read(f);
         }
         Counters::add(&self.counters.reads, 1);
         let fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
-        Ok(f(fs.connection()))
+        let conn = ReadConn::on_writer(fs.connection())?;
+        Ok(f(&conn))
     }
 
     /// Makes everything acknowledged so far durable, whatever the mode.
@@ -376,12 +372,12 @@ impl Store {
 
     /// Runs tablix's own read-only SQL (`f`) on one snapshot of the file
     /// system's readers, which no user query ever holds.
-    pub fn read<R>(&self, f: impl FnOnce(&rusqlite::Connection) -> R) -> Result<R, StoreError> {
+    pub fn read<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
         Counters::add(&self.counters.reads, 1);
         let lease = self
             .fs_readers
             .acquire(std::time::Duration::from_secs(60))?;
-        readers::in_snapshot(&lease, f)
+        readers::in_snapshot(&lease, |c| f(&ReadConn::reader(c)))
     }
 
     pub fn stats(&self) -> StoreStats {

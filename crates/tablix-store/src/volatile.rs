@@ -15,6 +15,7 @@ use rusqlite::{Connection, OpenFlags, params};
 use crate::command::{Command, DaemonRecord, Stamped};
 use crate::error::StoreError;
 use crate::outcome::Applied;
+use crate::read_conn::ReadConn;
 use crate::schema::MEMORY_SCHEMA;
 
 pub(crate) struct Volatile {
@@ -140,9 +141,9 @@ impl Volatile {
     }
 
     /// Runs tablix's own read-only SQL on the memory database as `main`.
-    pub(crate) fn read<R>(&self, f: impl FnOnce(&Connection) -> R) -> Result<R, StoreError> {
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
         let conn = self.take()?;
-        let out = f(&conn);
+        let out = f(&ReadConn::reader(&conn));
         self.put(conn);
         Ok(out)
     }

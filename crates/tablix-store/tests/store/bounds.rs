@@ -550,3 +550,67 @@ impl tablix_store::Sink for Collect {
         Ok(())
     }
 }
+
+/// Every connection the store lends for its own reads refuses writes, in
+/// both modes: the file system's readers, async mode's loan of the
+/// writer's connection (which sees pending writes), and the memory
+/// database's readers. The writer writes on after a loan ended.
+#[test]
+fn lent_connections_only_read() {
+    for mode in [Durability::Sync, Durability::Async] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StoreConfig::new(dir.path().join("data"));
+        config.durability = mode;
+        let store = Store::open(config).unwrap();
+        store
+            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
+            .unwrap();
+        let node = |n: i64| FsOp::MakeNode {
+            parent: 1,
+            name: format!("f{n}").into(),
+            mode: libc::S_IFREG | 0o644,
+            rdev: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let made = store.apply_fs_now(stamp(1), node(1)).unwrap();
+        assert!(matches!(made.fs, Some(Ok(_))), "{mode:?}: {made:?}");
+        let readonly = |r: Result<rusqlite::Result<usize>, StoreError>, what: &str| {
+            let e = r.unwrap().expect_err(what);
+            assert_eq!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::ReadOnly),
+                "{mode:?}, {what}: {e}"
+            );
+        };
+        readonly(
+            store.read_latest(|c| c.execute("DELETE FROM tablix_dirent", [])),
+            "read_latest",
+        );
+        readonly(
+            store.read(|c| c.execute("DELETE FROM tablix_dirent", [])),
+            "read",
+        );
+        readonly(
+            store.read_volatile(|c| c.execute("DELETE FROM daemon", [])),
+            "read_volatile",
+        );
+        // The pending write is visible to read_latest and intact.
+        let names: i64 = store
+            .read_latest(|c| c.query_row("SELECT count(*) FROM tablix_dirent", [], |r| r.get(0)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(names, 1, "{mode:?}");
+        let again = store.apply_fs_now(stamp(2), node(2)).unwrap();
+        assert!(
+            matches!(again.fs, Some(Ok(_))),
+            "{mode:?}: the writer no longer writes after a loan: {again:?}"
+        );
+        store.flush().wait().unwrap();
+        let names: i64 = store
+            .read(|c| c.query_row("SELECT count(*) FROM tablix_dirent", [], |r| r.get(0)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(names, 2, "{mode:?}");
+    }
+}
