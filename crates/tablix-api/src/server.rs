@@ -232,7 +232,7 @@ fn replay(outcomes: &[StatementOutcome], sink: &mut dyn Sink) -> Result<(), Stop
                 sink.end_statement(out.seconds)?;
                 return Err(Stop::TooLarge(m));
             }
-            Err(Stop::Gone) => return Err(Stop::Gone),
+            Err(stop @ (Stop::Gone | Stop::Failed(_))) => return Err(stop),
         }
     }
     Ok(())

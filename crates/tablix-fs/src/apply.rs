@@ -6,6 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::checksum;
 use crate::errno::Errno;
+use crate::error::FsError;
 use crate::inode::{attr, check_new_name, child, directory, parent_of};
 use crate::op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
 use crate::schema::{
@@ -19,7 +20,7 @@ const S_IFREG: u32 = libc::S_IFREG;
 const S_IFLNK: u32 = libc::S_IFLNK;
 
 /// Applies `op` at time `now` (nanoseconds since the epoch).
-pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, Errno> {
+pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError> {
     match op {
         FsOp::Mount { uid, gid } => mount(conn, now, *uid, *gid),
         FsOp::MakeNode {
@@ -89,7 +90,7 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, Errno> {
     }
 }
 
-fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, Errno> {
+fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, FsError> {
     // A root whose birth time is 0 was never mounted.
     conn.prepare_cached(
         "UPDATE tablix_inode SET uid = ?1, gid = ?2, atime_ns = ?3, mtime_ns = ?3,
@@ -108,7 +109,7 @@ fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, Err
 }
 
 /// Frees `ino` if no entry names it any more.
-fn reclaim(conn: &Connection, ino: Ino) -> Result<(), Errno> {
+fn reclaim(conn: &Connection, ino: Ino) -> Result<(), FsError> {
     let gone = conn
         .prepare_cached("DELETE FROM tablix_inode WHERE ino = ?1 AND nlink = 0")?
         .execute(params![ino as i64])?;
@@ -123,7 +124,7 @@ fn reclaim(conn: &Connection, ino: Ino) -> Result<(), Errno> {
     Ok(())
 }
 
-fn touch_dir(conn: &Connection, ino: Ino, now: i64, nlink_delta: i64) -> Result<(), Errno> {
+fn touch_dir(conn: &Connection, ino: Ino, now: i64, nlink_delta: i64) -> Result<(), FsError> {
     conn.prepare_cached(
         "UPDATE tablix_inode SET mtime_ns = ?2, ctime_ns = ?2, nlink = nlink + ?3 WHERE ino = ?1",
     )?
@@ -132,11 +133,11 @@ fn touch_dir(conn: &Connection, ino: Ino, now: i64, nlink_delta: i64) -> Result<
 }
 
 /// Sets an inode's ctime: its metadata changed.
-fn touch_inode(conn: &Connection, ino: Ino, now: i64) -> Result<(), Errno> {
+fn touch_inode(conn: &Connection, ino: Ino, now: i64) -> Result<(), FsError> {
     change_links(conn, ino, now, 0)
 }
 
-fn change_links(conn: &Connection, ino: Ino, now: i64, delta: i64) -> Result<(), Errno> {
+fn change_links(conn: &Connection, ino: Ino, now: i64, delta: i64) -> Result<(), FsError> {
     conn.prepare_cached(
         "UPDATE tablix_inode SET nlink = max(nlink + ?2, 0), ctime_ns = ?3 WHERE ino = ?1",
     )?
@@ -144,18 +145,18 @@ fn change_links(conn: &Connection, ino: Ino, now: i64, delta: i64) -> Result<(),
     Ok(())
 }
 
-fn add_entry(conn: &Connection, parent: Ino, name: &[u8], ino: Ino) -> Result<(), Errno> {
+fn add_entry(conn: &Connection, parent: Ino, name: &[u8], ino: Ino) -> Result<(), FsError> {
     conn.prepare_cached("INSERT INTO tablix_dirent(parent, name, ino) VALUES (?1, ?2, ?3)")?
         .execute(params![parent as i64, name, ino as i64])?;
     Ok(())
 }
 
 /// Checks that `name` may be created in `parent`; returns the directory.
-fn creatable(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+fn creatable(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
     let dir = directory(conn, parent)?;
     check_new_name(name)?;
     if child(conn, parent, name)?.is_some() {
-        return Err(Errno::EEXIST);
+        return Err(Errno::EEXIST.into());
     }
     Ok(dir)
 }
@@ -170,7 +171,7 @@ fn insert_inode(
     gid: u32,
     rdev: u32,
     size: u64,
-) -> Result<Ino, Errno> {
+) -> Result<Ino, FsError> {
     // Numbers are never reused: the kernel may still cache a freed one.
     let ino: i64 = conn
         .prepare_cached(
@@ -178,9 +179,9 @@ fn insert_inode(
         )?
         .query_row([], |r| r.get(0))
         .optional()?
-        .ok_or(Errno::EIO)?;
+        .ok_or(FsError::Errno(Errno::EIO))?;
     if ino as u64 >= MAX_INO {
-        return Err(Errno::ENOSPC);
+        return Err(Errno::ENOSPC.into());
     }
     conn.prepare_cached(
         "INSERT INTO tablix_inode(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, btime_ns)
@@ -200,7 +201,7 @@ fn make_node(
     rdev: u32,
     uid: u32,
     gid: u32,
-) -> Result<Attr, Errno> {
+) -> Result<Attr, FsError> {
     let dir = creatable(conn, parent, name)?;
     let kind = match mode & S_IFMT {
         0 => S_IFREG,
@@ -210,7 +211,7 @@ fn make_node(
         | libc::S_IFSOCK
         | libc::S_IFCHR
         | libc::S_IFBLK) => k,
-        _ => return Err(Errno::EINVAL),
+        _ => return Err(Errno::EINVAL.into()),
     };
     let mut mode = kind | (mode & 0o7777);
     let mut gid = gid;
@@ -224,7 +225,7 @@ fn make_node(
     }
     let is_dir = kind == S_IFDIR;
     if is_dir && dir.nlink >= LINK_MAX {
-        return Err(Errno::EMLINK);
+        return Err(Errno::EMLINK.into());
     }
     let rdev = if matches!(kind, libc::S_IFCHR | libc::S_IFBLK) {
         rdev
@@ -254,13 +255,13 @@ fn symlink(
     target: &[u8],
     uid: u32,
     gid: u32,
-) -> Result<Attr, Errno> {
+) -> Result<Attr, FsError> {
     let dir = creatable(conn, parent, name)?;
     if target.is_empty() {
-        return Err(Errno::ENOENT);
+        return Err(Errno::ENOENT.into());
     }
     if target.len() > SYMLINK_MAX {
-        return Err(Errno::ENAMETOOLONG);
+        return Err(Errno::ENAMETOOLONG.into());
     }
     let gid = if dir.mode & libc::S_ISGID != 0 {
         dir.gid
@@ -284,18 +285,18 @@ fn symlink(
     attr(conn, ino)
 }
 
-fn link(conn: &Connection, now: i64, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+fn link(conn: &Connection, now: i64, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
     let target = attr(conn, ino)?;
     if target.is_dir() {
-        return Err(Errno::EPERM);
+        return Err(Errno::EPERM.into());
     }
     if target.nlink == 0 {
         // An unlinked file cannot get a name back (linkat of an O_TMPFILE
         // aside, which this file system does not offer).
-        return Err(Errno::ENOENT);
+        return Err(Errno::ENOENT.into());
     }
     if target.nlink >= LINK_MAX {
-        return Err(Errno::EMLINK);
+        return Err(Errno::EMLINK.into());
     }
     creatable(conn, parent, name)?;
     add_entry(conn, parent, name, ino)?;
@@ -304,18 +305,18 @@ fn link(conn: &Connection, now: i64, ino: Ino, parent: Ino, name: &[u8]) -> Resu
     attr(conn, ino)
 }
 
-fn remove_entry(conn: &Connection, id: i64) -> Result<(), Errno> {
+fn remove_entry(conn: &Connection, id: i64) -> Result<(), FsError> {
     conn.prepare_cached("DELETE FROM tablix_dirent WHERE id = ?1")?
         .execute(params![id])?;
     Ok(())
 }
 
-fn unlink(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+fn unlink(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, FsError> {
     directory(conn, parent)?;
     crate::inode::check_lookup_name(name)?;
-    let (id, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    let (id, ino) = child(conn, parent, name)?.ok_or(FsError::Errno(Errno::ENOENT))?;
     if attr(conn, ino)?.is_dir() {
-        return Err(Errno::EISDIR);
+        return Err(Errno::EISDIR.into());
     }
     remove_entry(conn, id)?;
     // At nlink 0 the inode stays until the kernel forgets it (Reclaim), so
@@ -325,7 +326,7 @@ fn unlink(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsRep
     Ok(FsReply::Done)
 }
 
-fn is_empty_dir(conn: &Connection, ino: Ino) -> Result<bool, Errno> {
+fn is_empty_dir(conn: &Connection, ino: Ino) -> Result<bool, FsError> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM tablix_dirent WHERE parent = ?1 LIMIT 1")?
         .query_row(params![ino as i64], |_| Ok(()))
@@ -333,21 +334,21 @@ fn is_empty_dir(conn: &Connection, ino: Ino) -> Result<bool, Errno> {
         .is_none())
 }
 
-fn rmdir(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+fn rmdir(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsReply, FsError> {
     directory(conn, parent)?;
     crate::inode::check_lookup_name(name)?;
     if name == b"." {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     if name == b".." {
-        return Err(Errno::ENOTEMPTY);
+        return Err(Errno::ENOTEMPTY.into());
     }
-    let (id, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    let (id, ino) = child(conn, parent, name)?.ok_or(FsError::Errno(Errno::ENOENT))?;
     if !attr(conn, ino)?.is_dir() {
-        return Err(Errno::ENOTDIR);
+        return Err(Errno::ENOTDIR.into());
     }
     if !is_empty_dir(conn, ino)? {
-        return Err(Errno::ENOTEMPTY);
+        return Err(Errno::ENOTEMPTY.into());
     }
     remove_entry(conn, id)?;
     change_links(conn, ino, now, -2)?;
@@ -356,7 +357,7 @@ fn rmdir(conn: &Connection, now: i64, parent: Ino, name: &[u8]) -> Result<FsRepl
 }
 
 /// Whether `dir` is `ancestor` or lies below it.
-fn is_within(conn: &Connection, mut dir: Ino, ancestor: Ino) -> Result<bool, Errno> {
+fn is_within(conn: &Connection, mut dir: Ino, ancestor: Ino) -> Result<bool, FsError> {
     loop {
         if dir == ancestor {
             return Ok(true);
@@ -376,14 +377,14 @@ fn rename(
     new_parent: Ino,
     new_name: &[u8],
     flags: u32,
-) -> Result<FsReply, Errno> {
+) -> Result<FsReply, FsError> {
     let noreplace = flags & libc::RENAME_NOREPLACE != 0;
     let exchange = flags & libc::RENAME_EXCHANGE != 0;
     if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     if noreplace && exchange {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     directory(conn, parent)?;
     directory(conn, new_parent)?;
@@ -394,23 +395,23 @@ fn rename(
         e => e,
     })?;
     if name == b"." || name == b".." {
-        return Err(Errno::EBUSY);
+        return Err(Errno::EBUSY.into());
     }
-    let (src_id, src_ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    let (src_id, src_ino) = child(conn, parent, name)?.ok_or(FsError::Errno(Errno::ENOENT))?;
     let src = attr(conn, src_ino)?;
     let dst = child(conn, new_parent, new_name)?;
     if exchange {
-        let (dst_id, dst_ino) = dst.ok_or(Errno::ENOENT)?;
+        let (dst_id, dst_ino) = dst.ok_or(FsError::Errno(Errno::ENOENT))?;
         if dst_ino == src_ino {
             return Ok(FsReply::Done);
         }
         let dst_attr = attr(conn, dst_ino)?;
         if parent != new_parent {
             if src.is_dir() && is_within(conn, new_parent, src_ino)? {
-                return Err(Errno::EINVAL);
+                return Err(Errno::EINVAL.into());
             }
             if dst_attr.is_dir() && is_within(conn, parent, dst_ino)? {
-                return Err(Errno::EINVAL);
+                return Err(Errno::EINVAL.into());
             }
         }
         let set = conn.prepare_cached("UPDATE tablix_dirent SET ino = ?2 WHERE id = ?1");
@@ -430,7 +431,7 @@ fn rename(
     }
     if let Some((dst_id, dst_ino)) = dst {
         if noreplace {
-            return Err(Errno::EEXIST);
+            return Err(Errno::EEXIST.into());
         }
         if dst_ino == src_ino {
             // Two names of one file: rename does nothing.
@@ -438,13 +439,13 @@ fn rename(
         }
         let dst_attr = attr(conn, dst_ino)?;
         match (src.is_dir(), dst_attr.is_dir()) {
-            (true, false) => return Err(Errno::ENOTDIR),
-            (false, true) => return Err(Errno::EISDIR),
-            (true, true) if !is_empty_dir(conn, dst_ino)? => return Err(Errno::ENOTEMPTY),
+            (true, false) => return Err(Errno::ENOTDIR.into()),
+            (false, true) => return Err(Errno::EISDIR.into()),
+            (true, true) if !is_empty_dir(conn, dst_ino)? => return Err(Errno::ENOTEMPTY.into()),
             _ => {}
         }
         if src.is_dir() && is_within(conn, new_parent, src_ino)? {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
         remove_entry(conn, dst_id)?;
         if dst_attr.is_dir() {
@@ -454,9 +455,9 @@ fn rename(
             change_links(conn, dst_ino, now, -1)?;
         }
     } else if noreplace && new_parent == parent && new_name == name {
-        return Err(Errno::EEXIST);
+        return Err(Errno::EEXIST.into());
     } else if src.is_dir() && is_within(conn, new_parent, src_ino)? {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     conn.prepare_cached("UPDATE tablix_dirent SET parent = ?2, name = ?3 WHERE id = ?1")?
         .execute(params![src_id, new_parent as i64, new_name])?;
@@ -474,17 +475,17 @@ fn resolve(t: SetTime, now: i64) -> i64 {
     }
 }
 
-fn set_attr(conn: &Connection, now: i64, ino: Ino, set: &SetAttr) -> Result<Attr, Errno> {
+fn set_attr(conn: &Connection, now: i64, ino: Ino, set: &SetAttr) -> Result<Attr, FsError> {
     let old = attr(conn, ino)?;
     let mut new = old;
     if let Some(size) = set.size {
         match old.file_type() {
             S_IFREG => {}
-            S_IFDIR => return Err(Errno::EISDIR),
-            _ => return Err(Errno::EINVAL),
+            S_IFDIR => return Err(Errno::EISDIR.into()),
+            _ => return Err(Errno::EINVAL.into()),
         }
         if size > MAX_FILE_SIZE {
-            return Err(Errno::EFBIG);
+            return Err(Errno::EFBIG.into());
         }
         new.allocated = truncate(conn, ino, old.size, size, old.allocated)?;
         new.size = size;
@@ -522,7 +523,7 @@ fn set_attr(conn: &Connection, now: i64, ino: Ino, set: &SetAttr) -> Result<Attr
     Ok(new)
 }
 
-fn store_attr(conn: &Connection, a: &Attr) -> Result<(), Errno> {
+fn store_attr(conn: &Connection, a: &Attr) -> Result<(), FsError> {
     conn.prepare_cached(
         "UPDATE tablix_inode SET mode = ?2, uid = ?3, gid = ?4, size = ?5, allocated = ?6,
              atime_ns = ?7, mtime_ns = ?8, ctime_ns = ?9
@@ -544,7 +545,7 @@ fn store_attr(conn: &Connection, a: &Attr) -> Result<(), Errno> {
 
 /// Deletes every block of `ino` from index `first` on; returns the bytes
 /// they held.
-fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, Errno> {
+fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, FsError> {
     if first > LAST_BLOCK_INDEX {
         return Ok(0);
     }
@@ -564,7 +565,13 @@ fn delete_blocks_from(conn: &Connection, ino: Ino, first: u64) -> Result<u64, Er
 /// Changes the stored bytes for a size change from `old` to `new`; returns
 /// the new allocation. Invariant kept: no stored byte lies at or past the
 /// size, so growing a file later reads zeros there.
-fn truncate(conn: &Connection, ino: Ino, old: u64, new: u64, allocated: u64) -> Result<u64, Errno> {
+fn truncate(
+    conn: &Connection,
+    ino: Ino,
+    old: u64,
+    new: u64,
+    allocated: u64,
+) -> Result<u64, FsError> {
     if new >= old {
         return Ok(allocated);
     }
@@ -589,23 +596,23 @@ fn truncate(conn: &Connection, ino: Ino, old: u64, new: u64, allocated: u64) -> 
     Ok(allocated.saturating_sub(freed))
 }
 
-fn regular_file(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+fn regular_file(conn: &Connection, ino: Ino) -> Result<Attr, FsError> {
     let a = attr(conn, ino)?;
     match a.file_type() {
         S_IFREG => Ok(a),
-        S_IFDIR => Err(Errno::EISDIR),
-        _ => Err(Errno::EINVAL),
+        S_IFDIR => Err(Errno::EISDIR.into()),
+        _ => Err(Errno::EINVAL.into()),
     }
 }
 
-fn load_block(conn: &Connection, key: i64) -> Result<Option<Vec<u8>>, Errno> {
+fn load_block(conn: &Connection, key: i64) -> Result<Option<Vec<u8>>, FsError> {
     Ok(conn
         .prepare_cached("SELECT data FROM tablix_block WHERE id = ?1")?
         .query_row(params![key], |r| r.get::<_, Vec<u8>>(0))
         .optional()?)
 }
 
-fn block_len(conn: &Connection, key: i64) -> Result<u64, Errno> {
+fn block_len(conn: &Connection, key: i64) -> Result<u64, FsError> {
     Ok(conn
         .prepare_cached("SELECT length(data) FROM tablix_block WHERE id = ?1")?
         .query_row(params![key], |r| r.get::<_, i64>(0))
@@ -614,13 +621,13 @@ fn block_len(conn: &Connection, key: i64) -> Result<u64, Errno> {
 }
 
 /// Stores a whole block with its checksum.
-fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), Errno> {
+fn store_block(conn: &Connection, key: i64, data: &[u8]) -> Result<(), FsError> {
     conn.prepare_cached("INSERT OR REPLACE INTO tablix_block(id, data) VALUES (?1, ?2)")?
         .execute(params![key, data])?;
     store_sum(conn, key, checksum::of(data))
 }
 
-fn delete_block(conn: &Connection, key: i64) -> Result<(), Errno> {
+fn delete_block(conn: &Connection, key: i64) -> Result<(), FsError> {
     conn.prepare_cached("DELETE FROM tablix_block WHERE id = ?1")?
         .execute(params![key])?;
     conn.prepare_cached("DELETE FROM tablix_block_sum WHERE id = ?1")?
@@ -628,7 +635,7 @@ fn delete_block(conn: &Connection, key: i64) -> Result<(), Errno> {
     Ok(())
 }
 
-fn store_sum(conn: &Connection, key: i64, sum: [u8; 4]) -> Result<(), Errno> {
+fn store_sum(conn: &Connection, key: i64, sum: [u8; 4]) -> Result<(), FsError> {
     conn.prepare_cached("INSERT OR REPLACE INTO tablix_block_sum(id, crc) VALUES (?1, ?2)")?
         .execute(params![key, &sum[..]])?;
     Ok(())
@@ -647,7 +654,7 @@ fn patch_block(
     lo: usize,
     piece: &[u8],
     stored: u64,
-) -> Result<(), Errno> {
+) -> Result<(), FsError> {
     let mut blob = conn.blob_open(rusqlite::MAIN_DB, "tablix_block", "data", key, false)?;
     if lo == 0 && piece.len() as u64 == stored {
         blob.write_all_at(piece, 0)?;
@@ -672,7 +679,7 @@ fn patch_block(
 
 /// Writes `data` at `offset` of block range; returns the change in bytes
 /// allocated.
-fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<i64, Errno> {
+fn write_range(conn: &Connection, ino: Ino, offset: u64, data: &[u8]) -> Result<i64, FsError> {
     let mut delta = 0i64;
     for span in spans(offset, offset + data.len() as u64) {
         let from = (span.start + span.lo as u64 - offset) as usize;
@@ -713,7 +720,7 @@ fn write(
     offset: u64,
     data: &[u8],
     kill_privs: bool,
-) -> Result<FsReply, Errno> {
+) -> Result<FsReply, FsError> {
     let mut a = regular_file(conn, ino)?;
     if kill_privs {
         a.mode = kill_suidgid(a.mode);
@@ -721,7 +728,7 @@ fn write(
     let end = offset
         .checked_add(data.len() as u64)
         .filter(|&e| e <= MAX_FILE_SIZE)
-        .ok_or(Errno::EFBIG)?;
+        .ok_or(FsError::Errno(Errno::EFBIG))?;
     if data.is_empty() {
         return Ok(FsReply::Written(0));
     }
@@ -737,7 +744,7 @@ fn write(
 /// Zeroes `[from, to)` of stored data: whole blocks go, partial ones are
 /// overwritten with zeros where they hold bytes. Returns the allocation
 /// change.
-fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
+fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, FsError> {
     let mut delta = 0i64;
     for span in spans(from, to) {
         let key = block_key(ino, span.index);
@@ -757,7 +764,7 @@ fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Er
 }
 
 /// Materialises zero-filled storage for `[from, to)` where it is missing.
-fn allocate_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Errno> {
+fn allocate_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, FsError> {
     let mut delta = 0i64;
     // Each block from the one holding `from` is filled up to `to`, from its
     // start: a short block before `from` grows to cover the range too.
@@ -780,24 +787,24 @@ fn fallocate(
     offset: u64,
     length: u64,
     mode: i32,
-) -> Result<FsReply, Errno> {
+) -> Result<FsReply, FsError> {
     const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
     const PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
     const ZERO_RANGE: i32 = libc::FALLOC_FL_ZERO_RANGE;
     if mode & !(KEEP_SIZE | PUNCH_HOLE | ZERO_RANGE) != 0 {
-        return Err(Errno::EOPNOTSUPP);
+        return Err(Errno::EOPNOTSUPP.into());
     }
     if mode & PUNCH_HOLE != 0 && (mode & KEEP_SIZE == 0 || mode & ZERO_RANGE != 0) {
-        return Err(Errno::EOPNOTSUPP);
+        return Err(Errno::EOPNOTSUPP.into());
     }
     if length == 0 {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     let mut a = regular_file(conn, ino)?;
     let end = offset
         .checked_add(length)
         .filter(|&e| e <= MAX_FILE_SIZE)
-        .ok_or(Errno::EFBIG)?;
+        .ok_or(FsError::Errno(Errno::EFBIG))?;
     let keep_size = mode & KEEP_SIZE != 0;
     let delta = if mode & (PUNCH_HOLE | ZERO_RANGE) != 0 {
         zero_range(conn, ino, offset, end.min(a.size))?
@@ -823,9 +830,9 @@ fn fallocate(
 }
 
 /// Checks an extended attribute name for `a`.
-pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), Errno> {
+pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), FsError> {
     if name.is_empty() || name.len() > NAME_MAX {
-        return Err(Errno::ERANGE);
+        return Err(Errno::ERANGE.into());
     }
     let known = [&b"user."[..], b"trusted.", b"security."];
     if !known
@@ -833,12 +840,12 @@ pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), Errno> {
         .any(|p| name.starts_with(p) && name.len() > p.len())
     {
         // system.* (POSIX ACLs) and unknown namespaces are not offered.
-        return Err(Errno::EOPNOTSUPP);
+        return Err(Errno::EOPNOTSUPP.into());
     }
     Ok(())
 }
 
-fn xattr_exists(conn: &Connection, ino: Ino, name: &[u8]) -> Result<bool, Errno> {
+fn xattr_exists(conn: &Connection, ino: Ino, name: &[u8]) -> Result<bool, FsError> {
     Ok(conn
         .prepare_cached("SELECT 1 FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
         .query_row(params![ino as i64, name], |_| Ok(()))
@@ -853,24 +860,24 @@ fn set_xattr(
     name: &[u8],
     value: &[u8],
     flags: i32,
-) -> Result<FsReply, Errno> {
+) -> Result<FsReply, FsError> {
     let a = attr(conn, ino)?;
     check_xattr_name(name)?;
     if value.len() > XATTR_VALUE_MAX {
-        return Err(Errno::E2BIG);
+        return Err(Errno::E2BIG.into());
     }
     if name.starts_with(b"user.") && !matches!(a.file_type(), S_IFREG | S_IFDIR) {
-        return Err(Errno::EPERM);
+        return Err(Errno::EPERM.into());
     }
     if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     let exists = xattr_exists(conn, ino, name)?;
     if flags & libc::XATTR_CREATE != 0 && exists {
-        return Err(Errno::EEXIST);
+        return Err(Errno::EEXIST.into());
     }
     if flags & libc::XATTR_REPLACE != 0 && !exists {
-        return Err(Errno::ENODATA);
+        return Err(Errno::ENODATA.into());
     }
     conn.prepare_cached(
         "INSERT OR REPLACE INTO tablix_xattr(ino, name, value) VALUES (?1, ?2, ?3)",
@@ -880,14 +887,14 @@ fn set_xattr(
     Ok(FsReply::Done)
 }
 
-fn remove_xattr(conn: &Connection, now: i64, ino: Ino, name: &[u8]) -> Result<FsReply, Errno> {
+fn remove_xattr(conn: &Connection, now: i64, ino: Ino, name: &[u8]) -> Result<FsReply, FsError> {
     attr(conn, ino)?;
     check_xattr_name(name)?;
     let n = conn
         .prepare_cached("DELETE FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
         .execute(params![ino as i64, name])?;
     if n == 0 {
-        return Err(Errno::ENODATA);
+        return Err(Errno::ENODATA.into());
     }
     touch_inode(conn, ino, now)?;
     Ok(FsReply::Done)

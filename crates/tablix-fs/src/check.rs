@@ -20,6 +20,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::checksum;
 use crate::errno::Errno;
+use crate::error::FsError;
 use crate::op::{Ino, ROOT};
 use crate::schema::{BLOCK_SIZE, split_block_key};
 
@@ -84,7 +85,7 @@ pub fn check(
     now: i64,
     options: Options,
     progress: &mut dyn FnMut(Progress),
-) -> Result<Report, Errno> {
+) -> Result<Report, FsError> {
     let repair = options.repair;
     let mut r = Report::default();
     phase(progress, "integrity check of the database");
@@ -253,7 +254,7 @@ pub fn check(
     Ok(r)
 }
 
-fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), Errno> {
+fn check_blocks(conn: &Connection, repair: bool, r: &mut Report) -> Result<(), FsError> {
     // Blocks of missing or non-regular inodes.
     remove_found(
         conn,
@@ -368,7 +369,7 @@ fn verify_data(
     conn: &Connection,
     r: &mut Report,
     progress: &mut dyn FnMut(Progress),
-) -> Result<(), Errno> {
+) -> Result<(), FsError> {
     let total: i64 = conn.query_row("SELECT count(*) FROM tablix_block", [], |row| row.get(0))?;
     let mut after = i64::MIN;
     let mut done = 0;
@@ -396,7 +397,7 @@ pub fn verify_blocks(
     after: i64,
     limit: i64,
     r: &mut Report,
-) -> Result<(Option<i64>, u64), Errno> {
+) -> Result<(Option<i64>, u64), FsError> {
     let mut st = conn.prepare_cached(
         "SELECT b.id, b.data, s.crc FROM tablix_block b LEFT JOIN tablix_block_sum s ON s.id = b.id
          WHERE b.id > ?1 ORDER BY b.id LIMIT ?2",
@@ -408,8 +409,15 @@ pub fn verify_blocks(
         seen += 1;
         let id: i64 = row.get(0)?;
         last = Some(id);
-        let data = row.get_ref(1)?.as_blob().map_err(|_| Errno::EIO)?;
-        let Some(stored) = row.get_ref(2)?.as_blob_or_null().map_err(|_| Errno::EIO)? else {
+        let data = row
+            .get_ref(1)?
+            .as_blob()
+            .map_err(|_| FsError::Errno(Errno::EIO))?;
+        let Some(stored) = row
+            .get_ref(2)?
+            .as_blob_or_null()
+            .map_err(|_| FsError::Errno(Errno::EIO))?
+        else {
             r.unverified_blocks += 1;
             continue;
         };
@@ -431,7 +439,7 @@ pub fn verify_blocks(
 }
 
 /// One path naming `ino`, for messages ("?" parts where entries are gone).
-pub fn path_of(conn: &Connection, ino: Ino) -> Result<String, Errno> {
+pub fn path_of(conn: &Connection, ino: Ino) -> Result<String, FsError> {
     let mut parts = Vec::new();
     let mut at = ino;
     // Bounded: a damaged tree could loop.
@@ -468,7 +476,7 @@ fn remove_found(
     delete: &[&str],
     problem: impl Fn(i64) -> String,
     repaired: impl Fn(i64) -> String,
-) -> Result<(), Errno> {
+) -> Result<(), FsError> {
     for key in all::<i64>(conn, find)? {
         r.problems.push(problem(key));
         if repair {
@@ -482,7 +490,7 @@ fn remove_found(
 }
 
 /// The `/lost+found` directory, created if missing.
-fn lost_and_found(conn: &Connection, now: i64) -> Result<Ino, Errno> {
+fn lost_and_found(conn: &Connection, now: i64) -> Result<Ino, FsError> {
     if let Some((_, ino)) = crate::inode::child(conn, ROOT, b"lost+found")? {
         return Ok(ino);
     }
@@ -500,6 +508,6 @@ fn lost_and_found(conn: &Connection, now: i64) -> Result<Ino, Errno> {
     )?;
     match reply {
         crate::FsReply::Attr(a) => Ok(a.ino),
-        _ => Err(Errno::EIO),
+        _ => Err(Errno::EIO.into()),
     }
 }

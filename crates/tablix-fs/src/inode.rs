@@ -4,6 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::errno::Errno;
+use crate::error::FsError;
 use crate::op::{Attr, Ino};
 use crate::schema::NAME_MAX;
 
@@ -29,24 +30,24 @@ pub(crate) fn attr_from_row(row: &Row<'_>, first: usize) -> rusqlite::Result<Att
 }
 
 /// The attributes of `ino`, or ENOENT.
-pub(crate) fn attr(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+pub(crate) fn attr(conn: &Connection, ino: Ino) -> Result<Attr, FsError> {
     conn.prepare_cached(&format!(
         "SELECT {ATTR_COLUMNS} FROM tablix_inode WHERE ino = ?1"
     ))?
     .query_row(params![ino as i64], |r| attr_from_row(r, 0))
     .optional()?
-    .ok_or(Errno::ENOENT)
+    .ok_or(FsError::Errno(Errno::ENOENT))
 }
 
 /// `ino` as a directory entries can be added to or looked up in: it must
 /// exist, be a directory and not have been removed.
-pub(crate) fn directory(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+pub(crate) fn directory(conn: &Connection, ino: Ino) -> Result<Attr, FsError> {
     let a = attr(conn, ino)?;
     if !a.is_dir() {
-        return Err(Errno::ENOTDIR);
+        return Err(Errno::ENOTDIR.into());
     }
     if a.nlink == 0 {
-        return Err(Errno::ENOENT);
+        return Err(Errno::ENOENT.into());
     }
     Ok(a)
 }
@@ -56,7 +57,7 @@ pub(crate) fn child(
     conn: &Connection,
     parent: Ino,
     name: &[u8],
-) -> Result<Option<(i64, Ino)>, Errno> {
+) -> Result<Option<(i64, Ino)>, FsError> {
     Ok(conn
         .prepare_cached("SELECT id, ino FROM tablix_dirent WHERE parent = ?1 AND name = ?2")?
         .query_row(params![parent as i64, name], |r| {
@@ -67,7 +68,7 @@ pub(crate) fn child(
 
 /// The directory holding directory `ino` (a directory has exactly one
 /// entry); the root is its own parent.
-pub(crate) fn parent_of(conn: &Connection, ino: Ino) -> Result<Ino, Errno> {
+pub(crate) fn parent_of(conn: &Connection, ino: Ino) -> Result<Ino, FsError> {
     if ino == crate::op::ROOT {
         return Ok(ino);
     }

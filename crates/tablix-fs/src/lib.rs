@@ -16,6 +16,7 @@ mod apply;
 pub mod check;
 pub mod checksum;
 mod errno;
+mod error;
 mod inode;
 mod op;
 pub mod read;
@@ -23,6 +24,7 @@ pub mod schema;
 
 pub use apply::apply;
 pub use errno::Errno;
+pub use error::FsError;
 pub use op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
 
 #[cfg(test)]

@@ -4,18 +4,19 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::errno::Errno;
+use crate::error::FsError;
 use crate::inode::{
     ATTR_COLUMNS, attr, attr_from_row, check_lookup_name, child, directory, parent_of,
 };
 use crate::op::{Attr, Ino};
 use crate::schema::{BLOCK_SIZE, block_key, split_block_key};
 
-pub fn getattr(conn: &Connection, ino: Ino) -> Result<Attr, Errno> {
+pub fn getattr(conn: &Connection, ino: Ino) -> Result<Attr, FsError> {
     attr(conn, ino)
 }
 
 /// The inode `name` names in directory `parent`.
-pub fn lookup(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+pub fn lookup(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
     check_lookup_name(name)?;
     let dir = directory(conn, parent)?;
     match name {
@@ -23,7 +24,7 @@ pub fn lookup(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Attr, Errno
         b".." => return attr(conn, parent_of(conn, parent)?),
         _ => {}
     }
-    let (_, ino) = child(conn, parent, name)?.ok_or(Errno::ENOENT)?;
+    let (_, ino) = child(conn, parent, name)?.ok_or(FsError::Errno(Errno::ENOENT))?;
     attr(conn, ino)
 }
 
@@ -48,10 +49,10 @@ pub fn readdir(
     dir: Ino,
     offset: u64,
     mut emit: impl FnMut(DirEntry) -> bool,
-) -> Result<(), Errno> {
+) -> Result<(), FsError> {
     let me = attr(conn, dir)?;
     if !me.is_dir() {
-        return Err(Errno::ENOTDIR);
+        return Err(Errno::ENOTDIR.into());
     }
     if offset == 0
         && !emit(DirEntry {
@@ -98,10 +99,10 @@ pub fn readdir(
 }
 
 /// Up to `size` bytes of file `ino` from `offset`; holes read as zeros.
-pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
     let a = attr(conn, ino)?;
     if a.is_dir() {
-        return Err(Errno::EISDIR);
+        return Err(Errno::EISDIR.into());
     }
     if offset >= a.size {
         return Ok(Vec::new());
@@ -116,7 +117,10 @@ pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u
     while let Some(row) = rows.next()? {
         let key: i64 = row.get(0)?;
         let start = split_block_key(key).1 * BLOCK_SIZE;
-        let data = row.get_ref(1)?.as_blob().map_err(|_| Errno::EIO)?;
+        let data = row
+            .get_ref(1)?
+            .as_blob()
+            .map_err(|_| FsError::Errno(Errno::EIO))?;
         let from = offset.max(start);
         let to = end.min(start + data.len() as u64);
         if from < to {
@@ -127,35 +131,39 @@ pub fn read(conn: &Connection, ino: Ino, offset: u64, size: u32) -> Result<Vec<u
     Ok(out)
 }
 
-pub fn readlink(conn: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
+pub fn readlink(conn: &Connection, ino: Ino) -> Result<Vec<u8>, FsError> {
     let a = attr(conn, ino)?;
     if a.file_type() != libc::S_IFLNK {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     conn.prepare_cached("SELECT target FROM tablix_symlink WHERE ino = ?1")?
         .query_row(params![ino as i64], |r| r.get(0))
         .optional()?
-        .ok_or(Errno::EIO)
+        .ok_or(FsError::Errno(Errno::EIO))
 }
 
-pub fn getxattr(conn: &Connection, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+pub fn getxattr(conn: &Connection, ino: Ino, name: &[u8]) -> Result<Vec<u8>, FsError> {
     attr(conn, ino)?;
     crate::apply::check_xattr_name(name)?;
     conn.prepare_cached("SELECT value FROM tablix_xattr WHERE ino = ?1 AND name = ?2")?
         .query_row(params![ino as i64, name], |r| r.get(0))
         .optional()?
-        .ok_or(Errno::ENODATA)
+        .ok_or(FsError::Errno(Errno::ENODATA))
 }
 
 /// The names of `ino`'s extended attributes, each followed by a NUL.
-pub fn listxattr(conn: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
+pub fn listxattr(conn: &Connection, ino: Ino) -> Result<Vec<u8>, FsError> {
     attr(conn, ino)?;
     let mut out = Vec::new();
     let mut st =
         conn.prepare_cached("SELECT name FROM tablix_xattr WHERE ino = ?1 ORDER BY name")?;
     let mut rows = st.query(params![ino as i64])?;
     while let Some(row) = rows.next()? {
-        out.extend_from_slice(row.get_ref(0)?.as_blob().map_err(|_| Errno::EIO)?);
+        out.extend_from_slice(
+            row.get_ref(0)?
+                .as_blob()
+                .map_err(|_| FsError::Errno(Errno::EIO))?,
+        );
         out.push(0);
     }
     Ok(out)
@@ -163,10 +171,10 @@ pub fn listxattr(conn: &Connection, ino: Ino) -> Result<Vec<u8>, Errno> {
 
 /// lseek's SEEK_DATA and SEEK_HOLE: a stored block is data, a missing one
 /// a hole, and there is an implicit hole at the end of the file.
-pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64, Errno> {
+pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64, FsError> {
     let a = attr(conn, ino)?;
     if offset >= a.size {
-        return Err(Errno::ENXIO);
+        return Err(Errno::ENXIO.into());
     }
     let first = offset / BLOCK_SIZE;
     let last = (a.size - 1) / BLOCK_SIZE;
@@ -178,7 +186,7 @@ pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64
     match whence {
         libc::SEEK_DATA => match keys.into_iter().next() {
             Some(key) => Ok((split_block_key(key?).1 * BLOCK_SIZE).max(offset)),
-            None => Err(Errno::ENXIO),
+            None => Err(Errno::ENXIO.into()),
         },
         libc::SEEK_HOLE => {
             let mut expect = first;
@@ -191,7 +199,7 @@ pub fn seek(conn: &Connection, ino: Ino, offset: u64, whence: i32) -> Result<u64
             }
             Ok((expect * BLOCK_SIZE).max(offset).min(a.size))
         }
-        _ => Err(Errno::EINVAL),
+        _ => Err(Errno::EINVAL.into()),
     }
 }
 
@@ -214,12 +222,12 @@ pub fn resolve(
     conn: &Connection,
     path: &[u8],
     may: &dyn Fn(&Attr, u32) -> bool,
-) -> Result<Attr, Errno> {
+) -> Result<Attr, FsError> {
     if path.len() >= PATH_MAX {
-        return Err(Errno::ENAMETOOLONG);
+        return Err(Errno::ENAMETOOLONG.into());
     }
     if path.first() != Some(&b'/') {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     let mut pending: std::collections::VecDeque<Vec<u8>> = components(path);
     let mut must_be_dir = path.ends_with(b"/");
@@ -227,10 +235,10 @@ pub fn resolve(
     let mut links = 0;
     while let Some(name) = pending.pop_front() {
         if !cur.is_dir() {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         if !may(&cur, MAY_SEARCH) {
-            return Err(Errno::EACCES);
+            return Err(Errno::EACCES.into());
         }
         check_lookup_name(&name)?;
         match name.as_slice() {
@@ -241,12 +249,12 @@ pub fn resolve(
             }
             _ => {}
         }
-        let (_, ino) = child(conn, cur.ino, &name)?.ok_or(Errno::ENOENT)?;
+        let (_, ino) = child(conn, cur.ino, &name)?.ok_or(FsError::Errno(Errno::ENOENT))?;
         let next = attr(conn, ino)?;
         if next.file_type() == libc::S_IFLNK {
             links += 1;
             if links > MAX_SYMLINKS {
-                return Err(Errno::ELOOP);
+                return Err(Errno::ELOOP.into());
             }
             let target = readlink(conn, ino)?;
             if pending.is_empty() {
@@ -263,7 +271,7 @@ pub fn resolve(
         cur = next;
     }
     if must_be_dir && !cur.is_dir() {
-        return Err(Errno::ENOTDIR);
+        return Err(Errno::ENOTDIR.into());
     }
     Ok(cur)
 }
@@ -276,7 +284,7 @@ fn components(path: &[u8]) -> std::collections::VecDeque<Vec<u8>> {
 }
 
 /// Inodes in use, for statfs.
-pub fn inode_count(conn: &Connection) -> Result<u64, Errno> {
+pub fn inode_count(conn: &Connection) -> Result<u64, FsError> {
     Ok(conn
         .prepare_cached("SELECT count(*) FROM tablix_inode")?
         .query_row([], |r| r.get::<_, i64>(0))? as u64)

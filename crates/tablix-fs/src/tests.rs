@@ -8,7 +8,7 @@ use crate::check::{self, Options, Report};
 use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
 use crate::read;
 use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4};
-use crate::{Errno, apply};
+use crate::{Errno, FsError, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
 fn fs_v2() -> Connection {
@@ -37,7 +37,7 @@ fn fs() -> Connection {
 }
 
 /// Checks with every data block verified; `repair` as fsck's.
-fn check(c: &Connection, now: i64, repair: bool) -> Result<Report, Errno> {
+fn check(c: &Connection, now: i64, repair: bool) -> Result<Report, FsError> {
     check::check(
         c,
         now,
@@ -139,7 +139,7 @@ fn exchange_across_directories_moves_link_counts() {
         new_name: b"x".to_vec(),
         flags: 0,
     };
-    assert_eq!(apply(&c, 8, &into_self), Err(Errno::EINVAL));
+    assert_eq!(apply(&c, 8, &into_self), Err(FsError::Errno(Errno::EINVAL)));
     assert!(check(&c, 9, false).expect("check").is_clean());
 }
 
@@ -160,7 +160,7 @@ fn unlinked_inodes_wait_for_reclaim_and_check_repairs_damage() {
     // Still readable (an open file) until reclaimed.
     assert_eq!(read::read(&c, f, 0, 10).expect("read"), b"data");
     apply(&c, 11, &FsOp::Reclaim { inodes: vec![f] }).expect("reclaim");
-    assert_eq!(read::getattr(&c, f), Err(Errno::ENOENT));
+    assert_eq!(read::getattr(&c, f), Err(FsError::Errno(Errno::ENOENT)));
     let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
     c.execute(
         "UPDATE tablix_inode SET nlink = 5 WHERE ino = ?1",
@@ -394,19 +394,31 @@ fn paths_resolve_with_permissions_dots_and_symlinks() {
         read::resolve(&c, b"/home/./private/../private//secret", &root).map(|a| a.ino),
         Ok(secret)
     );
-    assert_eq!(read::resolve(&c, b"/home/link", &other), Err(Errno::EACCES));
+    assert_eq!(
+        read::resolve(&c, b"/home/link", &other),
+        Err(FsError::Errno(Errno::EACCES))
+    );
     assert_eq!(read::resolve(&c, b"/home", &other).map(|a| a.ino), Ok(home));
-    assert_eq!(read::resolve(&c, b"/loop", &root), Err(Errno::ELOOP));
+    assert_eq!(
+        read::resolve(&c, b"/loop", &root),
+        Err(FsError::Errno(Errno::ELOOP))
+    );
     assert_eq!(
         read::resolve(&c, b"/home/link/", &root),
-        Err(Errno::ENOTDIR)
+        Err(FsError::Errno(Errno::ENOTDIR))
     );
-    assert_eq!(read::resolve(&c, b"/nope", &root), Err(Errno::ENOENT));
-    assert_eq!(read::resolve(&c, b"home", &root), Err(Errno::EINVAL));
+    assert_eq!(
+        read::resolve(&c, b"/nope", &root),
+        Err(FsError::Errno(Errno::ENOENT))
+    );
+    assert_eq!(
+        read::resolve(&c, b"home", &root),
+        Err(FsError::Errno(Errno::EINVAL))
+    );
     let long = format!("/{}", "a".repeat(300));
     assert_eq!(
         read::resolve(&c, long.as_bytes(), &root),
-        Err(Errno::ENAMETOOLONG)
+        Err(FsError::Errno(Errno::ENAMETOOLONG))
     );
 }
 

@@ -1,23 +1,49 @@
-//! The one mapping from store failures to the errno a FUSE reply carries.
+//! Every errno the mount answers with for a failure below it: the store's,
+//! SQLite's, the file system's and the pipes'. Nothing else in tablix maps
+//! a failure to an errno.
 
-use tablix_fs::Errno;
+use rusqlite::ErrorCode;
+use tablix_fs::{Errno, FsError};
 use tablix_store::StoreError;
 
-/// SQLite's message for SQLITE_FULL, which reaches the store's group-commit
-/// errors as text.
-const DISK_FULL: &str = "database or disk is full";
+/// The errno for a SQLite result code, as a disk file system would fail:
+/// a full disk is ENOSPC, no memory ENOMEM, a read-only database EROFS,
+/// a busy one EAGAIN; anything else (I/O errors, damage) EIO.
+pub fn sqlite_errno(code: Option<ErrorCode>) -> Errno {
+    match code {
+        Some(ErrorCode::DiskFull) => Errno::ENOSPC,
+        Some(ErrorCode::OutOfMemory) => Errno::ENOMEM,
+        Some(ErrorCode::ReadOnly) => Errno::EROFS,
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Errno::EAGAIN,
+        _ => Errno::EIO,
+    }
+}
 
 /// The errno for a failure of the store itself (not of the operation).
 pub fn store_errno(e: &StoreError) -> Errno {
     match e {
-        StoreError::Apply(m) | StoreError::Commit(m) | StoreError::Open(m)
-            if m.contains(DISK_FULL) =>
-        {
-            Errno::ENOSPC
-        }
-        StoreError::Sqlite(e) => Errno::of_sqlite(e),
+        // Acknowledged changes are gone: whatever the cause, the caller
+        // must not take it for a full disk it can clear and retry.
+        StoreError::PendingLost(_) => Errno::EIO,
         StoreError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => Errno::ENOSPC,
-        _ => Errno::EIO,
+        other => sqlite_errno(other.sqlite_code()),
+    }
+}
+
+/// The errno for a file-system read's failure.
+pub fn fs_errno(e: &FsError) -> Errno {
+    match e {
+        FsError::Errno(e) => *e,
+        FsError::Sqlite(e) => sqlite_errno(e.sqlite_error_code()),
+    }
+}
+
+/// The errno for a failure of a read of the memory database: no row is
+/// ENOENT.
+pub fn memory_read_errno(e: &rusqlite::Error) -> Errno {
+    match e {
+        rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
+        e => sqlite_errno(e.sqlite_error_code()),
     }
 }
 
@@ -32,8 +58,7 @@ pub fn pipe_errno(e: &tablix_pipe::PipeError) -> Errno {
         P::InvalidCapacity(_) => Errno::EINVAL,
         P::CapacityBelowBuffered { .. } => Errno::EBUSY,
         P::BrokenPipe => Errno::EPIPE,
-        P::Sql(m) if m.contains(DISK_FULL) => Errno::ENOSPC,
-        P::Sql(_) => Errno::EIO,
+        P::Sql { .. } => sqlite_errno(e.sqlite_code()),
     }
 }
 
@@ -44,24 +69,68 @@ pub fn to_fuser(e: Errno) -> fuser::Errno {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::ffi;
+    use tablix_store::SqliteFailure;
+
+    fn sqlite(code: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(ffi::Error::new(code), Some("any text".into()))
+    }
+
+    fn failure(code: i32) -> SqliteFailure {
+        SqliteFailure::of(&sqlite(code))
+    }
 
     #[test]
-    fn store_failures_map_to_one_errno_each() {
-        let full = rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
-            None,
-        );
+    fn sqlite_codes_map_as_a_disk_file_system_fails() {
+        let table = [
+            (ffi::SQLITE_FULL, Errno::ENOSPC),
+            (ffi::SQLITE_NOMEM, Errno::ENOMEM),
+            (ffi::SQLITE_READONLY, Errno::EROFS),
+            (ffi::SQLITE_BUSY, Errno::EAGAIN),
+            (ffi::SQLITE_LOCKED, Errno::EAGAIN),
+            (ffi::SQLITE_IOERR, Errno::EIO),
+            (ffi::SQLITE_IOERR_FSYNC, Errno::EIO),
+            (ffi::SQLITE_CORRUPT, Errno::EIO),
+            (ffi::SQLITE_CONSTRAINT_UNIQUE, Errno::EIO),
+        ];
+        for (code, want) in table {
+            assert_eq!(
+                sqlite_errno(sqlite(code).sqlite_error_code()),
+                want,
+                "code {code}"
+            );
+        }
+        assert_eq!(sqlite_errno(None), Errno::EIO);
+    }
+
+    #[test]
+    fn store_failures_map_by_their_code_never_their_text() {
+        // A message that reads like a full disk is not one; a full disk
+        // with any message is.
+        let worded = SqliteFailure::without_code("database or disk is full");
+        let full = SqliteFailure {
+            code: Some(ffi::SQLITE_FULL),
+            message: "anything".into(),
+        };
         let table: Vec<(StoreError, Errno)> = vec![
+            (StoreError::Commit(full.clone()), Errno::ENOSPC),
+            (StoreError::Failed(full.clone()), Errno::ENOSPC),
+            (StoreError::Commit(worded.clone()), Errno::EIO),
             (
-                StoreError::Commit("database or disk is full".into()),
-                Errno::ENOSPC,
+                StoreError::Failed(failure(ffi::SQLITE_IOERR_WRITE)),
+                Errno::EIO,
             ),
             (
-                StoreError::Apply("UNIQUE constraint failed".into()),
+                StoreError::Failed(failure(ffi::SQLITE_NOMEM)),
+                Errno::ENOMEM,
+            ),
+            (StoreError::PendingLost(full), Errno::EIO),
+            (
+                StoreError::Apply("database or disk is full".into()),
                 Errno::EIO,
             ),
             (StoreError::Closed, Errno::EIO),
-            (StoreError::Sqlite(full), Errno::ENOSPC),
+            (StoreError::Sqlite(sqlite(ffi::SQLITE_FULL)), Errno::ENOSPC),
             (
                 StoreError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),
                 Errno::ENOSPC,
@@ -72,8 +141,27 @@ mod tests {
             ),
         ];
         for (err, want) in table {
-            assert_eq!(store_errno(&err), want, "{err}");
+            assert_eq!(store_errno(&err), want, "{err:?}");
         }
+    }
+
+    #[test]
+    fn file_system_and_memory_reads_map_to_one_errno_each() {
+        assert_eq!(fs_errno(&FsError::Errno(Errno::ENOENT)), Errno::ENOENT);
+        assert_eq!(fs_errno(&FsError::Errno(Errno::ELOOP)), Errno::ELOOP);
+        assert_eq!(
+            fs_errno(&FsError::Sqlite(sqlite(ffi::SQLITE_FULL))),
+            Errno::ENOSPC
+        );
+        assert_eq!(
+            fs_errno(&FsError::Sqlite(rusqlite::Error::QueryReturnedNoRows)),
+            Errno::EIO
+        );
+        assert_eq!(
+            memory_read_errno(&rusqlite::Error::QueryReturnedNoRows),
+            Errno::ENOENT
+        );
+        assert_eq!(memory_read_errno(&sqlite(ffi::SQLITE_NOMEM)), Errno::ENOMEM);
     }
 
     #[test]
@@ -94,8 +182,15 @@ mod tests {
                 },
                 Errno::EBUSY,
             ),
-            (P::Sql("database or disk is full".into()), Errno::ENOSPC),
-            (P::Sql("no such table: pipe".into()), Errno::EIO),
+            (P::from(sqlite(ffi::SQLITE_FULL)), Errno::ENOSPC),
+            (
+                P::Sql {
+                    code: None,
+                    message: "database or disk is full".into(),
+                },
+                Errno::EIO,
+            ),
+            (P::from(sqlite(ffi::SQLITE_ERROR)), Errno::EIO),
         ];
         for (err, want) in table {
             assert_eq!(pipe_errno(&err), want, "{err}");

@@ -16,11 +16,11 @@ use fuser::{
     ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
-use tablix_fs::{Attr, Errno, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, read};
+use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, read};
 use tablix_store::{Command, Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
-use crate::errno::{store_errno, to_fuser};
+use crate::errno::{fs_errno, store_errno, to_fuser};
 use crate::pipes::{CONTROL_INO, CONTROL_NAME, Pipes, is_virtual};
 
 /// How the mount behaves.
@@ -79,9 +79,12 @@ impl TablixFs {
 
     fn read<R>(
         &self,
-        f: impl FnOnce(&tablix_store::ReadConn) -> Result<R, Errno>,
+        f: impl FnOnce(&tablix_store::ReadConn) -> Result<R, FsError>,
     ) -> Result<R, Errno> {
-        self.store.read_latest(f).map_err(|e| store_errno(&e))?
+        self.store
+            .read_latest(f)
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| fs_errno(&e))
     }
 
     fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, Errno>) {

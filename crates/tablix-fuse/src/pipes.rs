@@ -181,23 +181,20 @@ impl Pipes {
         }
     }
 
-    /// Runs tablix's own read on the memory database; no row is ENOENT.
+    /// Runs one of tablix-pipe's reads on the memory database.
     fn query<T>(
         &self,
-        f: impl FnOnce(&tablix_store::ReadConn) -> rusqlite::Result<T>,
+        f: impl FnOnce(&tablix_store::ReadConn) -> Result<T, tablix_pipe::PipeError>,
     ) -> Result<T, Errno> {
         self.store
             .read_volatile(f)
             .map_err(|e| store_errno(&e))?
-            .map_err(|e| match e {
-                rusqlite::Error::QueryReturnedNoRows => Errno::ENOENT,
-                e => Errno::of_sqlite(&e),
-            })
+            .map_err(|e| pipe_errno(&e))
     }
 
     fn state(&self, pipe: i64) -> Result<PipeState, Errno> {
         self.store
-            .read_volatile(|c| tablix_pipe::state(c, pipe))
+            .read_volatile(|c| tablix_pipe::read::state(c, pipe))
             .map_err(|e| store_errno(&e))?
             .map_err(|e| pipe_errno(&e))
     }
@@ -228,8 +225,8 @@ impl Pipes {
     }
 
     fn pipe_attr(&self, pipe: i64) -> Result<Attr, Errno> {
-        let sql = format!("{PIPE_ATTR} WHERE id = ?1");
-        self.query(|c| c.prepare_cached(&sql)?.query_row([pipe], attr_of_row))
+        self.query(|c| tablix_pipe::read::file(c, pipe))
+            .map(|f| attr_of(&f))
     }
 
     /// Looks `name` up in a virtual directory.
@@ -242,8 +239,8 @@ impl Pipes {
                     return Err(Errno::ENAMETOOLONG);
                 }
                 let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
-                let sql = format!("{PIPE_ATTR} WHERE name = ?1");
-                self.query(|c| c.prepare_cached(&sql)?.query_row([name], attr_of_row))
+                self.query(|c| tablix_pipe::read::named(c, name))
+                    .map(|f| attr_of(&f))
             }
             _ => Err(Errno::ENOTDIR),
         }
@@ -264,13 +261,11 @@ impl Pipes {
         match ino {
             CONTROL_INO => all.push((Self::dir_attr(PIPES_INO), PIPES_NAME.to_vec())),
             PIPES_INO => {
-                let sql = format!("{PIPE_ATTR} WHERE name IS NOT NULL ORDER BY id");
-                let named: Vec<(Attr, String)> = self.query(|c| {
-                    let mut stmt = c.prepare(&sql)?;
-                    let rows = stmt.query_map([], |r| Ok((attr_of_row(r)?, r.get(8)?)))?;
-                    rows.collect()
-                })?;
-                all.extend(named.into_iter().map(|(a, n)| (a, n.into_bytes())));
+                let named = self.query(|c| tablix_pipe::read::all_named(c))?;
+                all.extend(named.into_iter().filter_map(|f| {
+                    let attr = attr_of(&f);
+                    f.name.map(|n| (attr, n.into_bytes()))
+                }));
             }
             _ => return Err(Errno::ENOTDIR),
         }
@@ -846,29 +841,25 @@ impl Pipes {
     }
 }
 
-/// A pipe file's attributes: `attr_of_row` reads these columns.
-const PIPE_ATTR: &str =
-    "SELECT id, uid, gid, mode, name IS NOT NULL, created_ns, changed_ns, capacity, name FROM pipe";
-
-fn attr_of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Attr> {
-    let changed: i64 = r.get(6)?;
-    Ok(Attr {
-        ino: PIPE_INO_BASE + r.get::<_, i64>(0)?.max(0) as u64,
-        mode: libc::S_IFREG | (r.get::<_, u32>(3)? & 0o7777),
-        nlink: u32::from(r.get::<_, bool>(4)?),
-        uid: r.get(1)?,
-        gid: r.get(2)?,
+/// A pipe file's attributes.
+fn attr_of(f: &tablix_pipe::read::PipeFile) -> Attr {
+    Attr {
+        ino: PIPE_INO_BASE + f.id.max(0) as u64,
+        mode: libc::S_IFREG | f.mode,
+        nlink: u32::from(f.name.is_some()),
+        uid: f.uid,
+        gid: f.gid,
         // A pipe file must look like a regular file to reach this file
         // system, and programs size their buffers from a regular file's
         // length (GNU sort spills every line to a temporary file at length
         // 0). The capacity is the most a pipe holds at once.
-        size: r.get::<_, i64>(7)?.max(0) as u64,
-        atime_ns: changed,
-        mtime_ns: changed,
-        ctime_ns: changed,
-        btime_ns: r.get(5)?,
+        size: f.capacity,
+        atime_ns: f.changed_ns,
+        mtime_ns: f.changed_ns,
+        ctime_ns: f.changed_ns,
+        btime_ns: f.created_ns,
         ..Attr::default()
-    })
+    }
 }
 
 fn notify_polls(q: &mut Queues) {

@@ -3,6 +3,7 @@
 use rusqlite::{Connection, MAIN_DB, OptionalExtension, params};
 
 use crate::op::{End, PipeError, PipeOp, PipeReply, PipeState};
+use crate::read::state;
 use crate::schema::valid_name;
 
 /// Applies `op` inside the caller's transaction on the memory database, at
@@ -78,21 +79,6 @@ fn create(
         pipe: conn.last_insert_rowid(),
         existed: false,
     })
-}
-
-/// The counts of `pipe`, read on any connection to the memory database.
-pub fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
-    conn.prepare_cached("SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1")?
-        .query_row([pipe], |r| {
-            Ok(PipeState {
-                buffered: r.get::<_, i64>(0)?.max(0) as u64,
-                capacity: r.get::<_, i64>(1)?.max(0) as u64,
-                readers: r.get(2)?,
-                writers: r.get(3)?,
-            })
-        })
-        .optional()?
-        .ok_or(PipeError::NoSuchPipe(pipe))
 }
 
 fn ends(conn: &Connection, pipe: i64, end: End, delta: i64, now_ns: i64) -> Result<(), PipeError> {

@@ -15,7 +15,9 @@
 
 mod apply;
 mod op;
+pub mod read;
 pub mod schema;
 
-pub use apply::{apply, state};
+pub use apply::apply;
 pub use op::{End, PIPE_BUF, PipeError, PipeOp, PipeReply, PipeState};
+pub use read::state;

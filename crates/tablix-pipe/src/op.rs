@@ -133,12 +133,30 @@ pub enum PipeError {
     CapacityBelowBuffered { capacity: u32, buffered: u64 },
     #[error("broken pipe: no open read end")]
     BrokenPipe,
-    #[error("{0}")]
-    Sql(String),
+    /// SQLite failed under the operation: a failure of the node, typed
+    /// by SQLite's extended result code (`None` when rusqlite failed
+    /// before SQLite answered), never by its text.
+    #[error("{message}")]
+    Sql { code: Option<i32>, message: String },
+}
+
+impl PipeError {
+    /// SQLite's primary result code behind a [`PipeError::Sql`].
+    pub fn sqlite_code(&self) -> Option<rusqlite::ErrorCode> {
+        match self {
+            PipeError::Sql {
+                code: Some(code), ..
+            } => Some(rusqlite::ffi::Error::new(*code).code),
+            _ => None,
+        }
+    }
 }
 
 impl From<rusqlite::Error> for PipeError {
     fn from(e: rusqlite::Error) -> PipeError {
-        PipeError::Sql(e.to_string())
+        PipeError::Sql {
+            code: e.sqlite_error().map(|f| f.extended_code),
+            message: e.to_string(),
+        }
     }
 }

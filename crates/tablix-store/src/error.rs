@@ -2,6 +2,77 @@
 
 use std::path::PathBuf;
 
+use rusqlite::ErrorCode;
+
+/// A failure of SQLite itself, typed by its result code: callers decide by
+/// the code, never by the text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqliteFailure {
+    /// SQLite's extended result code; `None` when rusqlite failed before
+    /// SQLite answered.
+    pub code: Option<i32>,
+    /// What failed, with SQLite's message.
+    pub message: String,
+}
+
+impl SqliteFailure {
+    pub fn of(e: &rusqlite::Error) -> SqliteFailure {
+        SqliteFailure {
+            code: e.sqlite_error().map(|f| f.extended_code),
+            message: crate::policy::error_message(e),
+        }
+    }
+
+    /// The failure of `what`, with SQLite's `code`.
+    pub fn with_code(code: i32, what: &str) -> SqliteFailure {
+        let e = rusqlite::ffi::Error::new(code);
+        SqliteFailure {
+            code: Some(code),
+            message: format!("{what}: {e}"),
+        }
+    }
+
+    /// `what` failed, with no SQLite code behind it.
+    pub fn without_code(what: impl Into<String>) -> SqliteFailure {
+        SqliteFailure {
+            code: None,
+            message: what.into(),
+        }
+    }
+
+    /// SQLite's primary result code.
+    pub fn code(&self) -> Option<ErrorCode> {
+        self.code.map(|c| rusqlite::ffi::Error::new(c).code)
+    }
+
+    /// Whether the failure belongs to this node (its disk, its memory, its
+    /// files) rather than to what it was asked to do: applying the same
+    /// Commands on another node, or on this one once repaired, may succeed.
+    pub fn is_node_local(&self) -> bool {
+        self.code().is_some_and(is_node_local)
+    }
+}
+
+/// Result codes that say the node failed, not the statement: a full disk,
+/// an I/O error, no memory, a damaged or unopenable database file.
+pub(crate) fn is_node_local(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::DiskFull
+            | ErrorCode::SystemIoFailure
+            | ErrorCode::OutOfMemory
+            | ErrorCode::DatabaseCorrupt
+            | ErrorCode::NotADatabase
+            | ErrorCode::CannotOpen
+    )
+}
+
+impl std::fmt::Display for SqliteFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create data directory {path}: {source}")]
@@ -34,18 +105,57 @@ pub enum StoreError {
     /// Every connection that could serve the request stayed busy.
     #[error("tablix is busy: {0}")]
     Busy(String),
+    /// A Command reached a part of the store that does not apply its kind,
+    /// or the writer thread died: a defect, never bad input.
     #[error("{0}")]
     Apply(String),
+    /// BEGIN, a SAVEPOINT or COMMIT of a group failed: nothing in the
+    /// group was applied.
     #[error("commit failed, nothing in this group was applied: {0}")]
-    Commit(String),
+    Commit(SqliteFailure),
+    /// SQLite failed under a Command (a full disk, an I/O error, no
+    /// memory, a damaged page): a failure of this node, not a result of
+    /// the Command, so it is never answered as one. Nothing of the
+    /// Command's group was applied.
+    #[error("{0}; nothing of this request was applied")]
+    Failed(SqliteFailure),
     #[error("the store is shut down")]
     Closed,
     #[error(
-        "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); the mount refuses changes until tablix restarts"
+        "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); no file-system change is accepted until the store is reopened"
     )]
-    PendingLost(String),
+    PendingLost(SqliteFailure),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+impl StoreError {
+    /// SQLite's result code behind the error, if SQLite failed.
+    pub fn sqlite_code(&self) -> Option<ErrorCode> {
+        match self {
+            StoreError::Commit(f) | StoreError::Failed(f) | StoreError::PendingLost(f) => f.code(),
+            StoreError::Sqlite(e) => e.sqlite_error_code(),
+            _ => None,
+        }
+    }
+
+    /// The same failure, for another caller: every Command of a failed
+    /// group gets one. Typed variants keep their type and code.
+    pub(crate) fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::Commit(f) => StoreError::Commit(f.clone()),
+            StoreError::Failed(f) => StoreError::Failed(f.clone()),
+            StoreError::PendingLost(f) => StoreError::PendingLost(f.clone()),
+            StoreError::Sqlite(e) => StoreError::Failed(SqliteFailure::of(e)),
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Busy(m) => StoreError::Busy(m.clone()),
+            StoreError::Io(e) => StoreError::Io(match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }),
+            other => StoreError::Apply(other.to_string()),
+        }
+    }
 }

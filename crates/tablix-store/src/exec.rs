@@ -3,6 +3,7 @@
 //! store, so a reader can stream them to its client and the result's size
 //! is bounded where it is written.
 
+use crate::error::SqliteFailure;
 use std::time::Instant;
 
 use rusqlite::types::ValueRef;
@@ -76,6 +77,10 @@ pub enum Stop {
     TooLarge(String),
     /// Nobody reads the result any more (its client went away).
     Gone,
+    /// SQLite failed under a Command's statement (a full disk, an I/O
+    /// error, a damaged page): not the statement's result. Only the SQL
+    /// writer stops so; the group it was in is not applied.
+    Failed(SqliteFailure),
 }
 
 /// Where results go. For each statement: `columns`, any number of `row`s,
@@ -115,7 +120,7 @@ pub(crate) fn run(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<
             sink.end_statement(seconds)?;
             Err(Stop::TooLarge(m))
         }
-        Err(Stop::Gone) => Err(Stop::Gone),
+        Err(stop @ (Stop::Gone | Stop::Failed(_))) => Err(stop),
     }
 }
 
@@ -148,6 +153,7 @@ fn run_inner(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool,
     let mut stmt = match uc.conn.prepare(&st.sql) {
         Ok(s) => s,
         Err(e) => {
+            node_failure(uc, &e)?;
             sink.error(&uc.policy.describe(&e))?;
             return Ok(true);
         }
@@ -249,6 +255,24 @@ impl Sink for HeldDdl {
     }
 }
 
+/// On the SQL writer, a failure of the node under a statement: a result
+/// code of [`crate::error::is_node_local`] other than running out of
+/// memory. A user's write that outgrows the heap limit (configured alike
+/// on every node) fails as the statement's own result, so that it cannot
+/// stop every Command after it.
+fn node_failure(uc: &UserConn, e: &rusqlite::Error) -> Result<(), Stop> {
+    match e.sqlite_error_code() {
+        Some(code)
+            if uc.is_writer()
+                && code != rusqlite::ErrorCode::OutOfMemory
+                && crate::error::is_node_local(code) =>
+        {
+            Err(Stop::Failed(SqliteFailure::of(e)))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The message for a failure while stepping: the guard's reason if it
 /// interrupted the statement.
 fn step_error(uc: &UserConn, e: &rusqlite::Error) -> String {
@@ -270,6 +294,7 @@ fn step(
     if width == 0 {
         let before = conn.total_changes();
         if let Err(e) = stmt.raw_execute() {
+            node_failure(uc, &e)?;
             sink.error(&step_error(uc, &e))?;
             return Ok(true);
         }
@@ -297,6 +322,7 @@ fn step(
             Ok(Some(row)) => row,
             Ok(None) => break,
             Err(e) => {
+                node_failure(uc, &e)?;
                 sink.error(&step_error(uc, &e))?;
                 return Ok(true);
             }

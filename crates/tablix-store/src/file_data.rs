@@ -70,7 +70,9 @@ fn file_data(db: &Connection, ctx: &Context<'_>, state: &Mutex<State>) -> rusqli
         s.enforcing = principal.1;
     }
     result.map(Value::Blob).map_err(|e| match e {
-        Failure::Errno(errno) => fail(format!("file_data({shown:?}): {errno}")),
+        // SQLite's own failure keeps its code (a full disk stays one).
+        Failure::Fs(tablix_fs::FsError::Sqlite(e)) => e,
+        Failure::Fs(tablix_fs::FsError::Errno(errno)) => fail(format!("file_data({shown:?}): {errno}")),
         Failure::TooBig { size, limit } => fail(format!(
             "file_data({shown:?}): {size} bytes is more than the largest value ({limit} bytes); read it in pieces with file_data(path, offset, length)"
         )),
@@ -78,13 +80,19 @@ fn file_data(db: &Connection, ctx: &Context<'_>, state: &Mutex<State>) -> rusqli
 }
 
 enum Failure {
-    Errno(tablix_fs::Errno),
+    Fs(tablix_fs::FsError),
     TooBig { size: u64, limit: u64 },
+}
+
+impl From<tablix_fs::FsError> for Failure {
+    fn from(e: tablix_fs::FsError) -> Failure {
+        Failure::Fs(e)
+    }
 }
 
 impl From<tablix_fs::Errno> for Failure {
     fn from(e: tablix_fs::Errno) -> Failure {
-        Failure::Errno(e)
+        Failure::Fs(e.into())
     }
 }
 

@@ -8,14 +8,14 @@
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
+use tablix_fs::FsError;
 use tablix_vfs::ClockVfs;
 
 use crate::command::{Command, Stamped};
 use crate::config::{Durability, StoreConfig};
-use crate::error::StoreError;
+use crate::error::{SqliteFailure, StoreError};
 use crate::group::{self, BEGIN_WRITE};
 use crate::outcome::Applied;
-use crate::policy::error_message;
 use crate::schema;
 use crate::wal::WalFile;
 
@@ -57,7 +57,7 @@ pub(crate) struct FsWriter {
     /// Set when SQLite rolled back a pending transaction (e.g. a COMMIT that
     /// hit a full disk): acknowledged file-system Commands are gone, so the
     /// kernel's view no longer matches and no further one is accepted.
-    lost: Option<String>,
+    lost: Option<SqliteFailure>,
     clock: ClockVfs,
 }
 
@@ -149,12 +149,9 @@ impl FsWriter {
             // SQLite ended the transaction itself (a full disk while
             // spilling pages): whatever was pending is gone.
             let why = match &r {
-                Err(e) => e.to_string(),
-                Ok(a) => {
-                    a.fs.as_ref()
-                        .and_then(|f| f.as_ref().err())
-                        .map_or_else(|| "the transaction ended".to_string(), |e| e.to_string())
-                }
+                Err(StoreError::Failed(f) | StoreError::Commit(f)) => f.clone(),
+                Err(e) => SqliteFailure::without_code(e.to_string()),
+                Ok(_) => SqliteFailure::without_code("SQLite ended the transaction"),
             };
             if had_pending {
                 return Err(self.mark_lost(why));
@@ -173,7 +170,7 @@ impl FsWriter {
         r
     }
 
-    fn mark_lost(&mut self, why: String) -> StoreError {
+    fn mark_lost(&mut self, why: SqliteFailure) -> StoreError {
         tracing::error!(
             "file-system changes acknowledged since the last flush were lost: {why}; refusing further changes until restart"
         );
@@ -190,7 +187,7 @@ impl FsWriter {
         }
         match self.pending_sql("COMMIT") {
             Ok(()) => Ok(()),
-            Err(e) if self.conn.is_autocommit() => Err(self.mark_lost(e.to_string())),
+            Err(StoreError::Commit(f)) if self.conn.is_autocommit() => Err(self.mark_lost(f)),
             Err(e) => Err(e),
         }
     }
@@ -198,7 +195,7 @@ impl FsWriter {
     /// Savepoint control inside the pending transaction: a failure is
     /// reported without rolling back Commands already acknowledged.
     fn pending_sql(&self, sql: &str) -> Result<(), StoreError> {
-        group::control(&self.conn, sql).map_err(|e| StoreError::Commit(error_message(&e)))
+        group::control(&self.conn, sql).map_err(|e| StoreError::Commit(SqliteFailure::of(&e)))
     }
 
     /// Applies one Command's body; the caller owns the surrounding
@@ -207,7 +204,13 @@ impl FsWriter {
         self.clock.set_unix_nanos(item.stamp.unix_nanos);
         match &item.command {
             Command::Fs(op) => {
-                let result = tablix_fs::apply(&self.conn, item.stamp.unix_nanos, op);
+                let result = match tablix_fs::apply(&self.conn, item.stamp.unix_nanos, op) {
+                    Ok(reply) => Ok(reply),
+                    Err(FsError::Errno(e)) => Err(e),
+                    Err(FsError::Sqlite(e)) => {
+                        return Err(StoreError::Failed(SqliteFailure::of(&e)));
+                    }
+                };
                 Ok(Applied {
                     rolled_back: result.is_err(),
                     fs: Some(result),
@@ -232,8 +235,9 @@ impl FsWriter {
     /// Writes the WAL to stable storage (async mode's bounded flush),
     /// through SQLite's own WAL handle so every VFS layer sees the sync.
     pub(crate) fn sync_wal(&self) -> Result<(), StoreError> {
-        tablix_vfs::sync_journal(&self.conn)
-            .map_err(|rc| StoreError::Apply(format!("syncing the WAL failed (SQLite error {rc})")))
+        tablix_vfs::sync_journal(&self.conn).map_err(|rc| {
+            StoreError::Failed(SqliteFailure::with_code(rc, "syncing the WAL failed"))
+        })
     }
 
     /// Folds the WAL back into the database and truncates it.

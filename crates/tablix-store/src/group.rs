@@ -4,9 +4,8 @@
 
 use rusqlite::Connection;
 
-use crate::error::StoreError;
+use crate::error::{SqliteFailure, StoreError};
 use crate::outcome::Applied;
-use crate::policy::error_message;
 
 /// How a writer begins a transaction. Deferred, not IMMEDIATE: the
 /// persistent database's writers take turns (the store's write turn), so
@@ -27,7 +26,7 @@ fn batch_sql(conn: &Connection, sql: &str) -> Result<(), StoreError> {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        StoreError::Commit(error_message(&e))
+        StoreError::Commit(SqliteFailure::of(&e))
     })
 }
 
@@ -39,7 +38,8 @@ fn batch_sql(conn: &Connection, sql: &str) -> Result<(), StoreError> {
 /// leaves the state one-by-one application would.
 ///
 /// Returns `Err` only when the group as a whole failed (BEGIN, SAVEPOINT
-/// or COMMIT): then nothing of it is applied.
+/// or COMMIT, or SQLite failing under an item, `StoreError::Failed`): then
+/// nothing of it is applied.
 pub(crate) fn commit<T>(
     conn: &Connection,
     items: &[T],
@@ -66,7 +66,8 @@ pub(crate) fn commit_prefix<T>(
 ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
     // Items that ended the whole transaction, with their results and
     // costs; they stay out of the retried group.
-    let mut excluded: Vec<Option<(Result<Applied, String>, usize)>> = vec![None; items.len()];
+    let mut excluded: Vec<Option<(Result<Applied, StoreError>, usize)>> =
+        std::iter::repeat_with(|| None).take(items.len()).collect();
     'attempt: loop {
         batch_sql(conn, BEGIN_WRITE)?;
         let mut results = Vec::with_capacity(items.len());
@@ -78,11 +79,22 @@ pub(crate) fn commit_prefix<T>(
                     break;
                 }
                 held = held.saturating_add(*cost);
-                results.push(r.clone().map_err(StoreError::Apply));
+                results.push(match r {
+                    Ok(a) => Ok(a.clone()),
+                    Err(e) => Err(e.duplicate()),
+                });
                 continue;
             }
             batch_sql(conn, "SAVEPOINT tablix_command")?;
             let r = apply(item);
+            if let Err(e @ StoreError::Failed(_)) = r {
+                // The node failed, not the item: no item of the group is
+                // answered as if it had been applied or refused.
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                return Err(e);
+            }
             let cost = r.as_ref().map_or(0, |(_, cost)| *cost);
             if conn.is_autocommit() {
                 let r = match r {
@@ -90,7 +102,7 @@ pub(crate) fn commit_prefix<T>(
                         a.rolled_back = true;
                         Ok(a)
                     }
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e),
                 };
                 excluded[i] = Some((r, cost));
                 continue 'attempt;

@@ -48,7 +48,7 @@ pub use config::{
     DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT, DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT,
     DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
 };
-pub use error::StoreError;
+pub use error::{SqliteFailure, StoreError};
 pub use exec::{Cell, Sink, Stop};
 pub use outcome::{Applied, Rows, StatementOutcome, StatementResult};
 pub use policy::is_system_table;

@@ -169,6 +169,11 @@ pub(crate) struct UserConn {
 }
 
 impl UserConn {
+    /// Whether this connection applies Commands (the SQL writer).
+    pub(crate) fn is_writer(&self) -> bool {
+        self.role == Role::Writer
+    }
+
     pub(crate) fn open(
         setup: &Setup,
         role: Role,

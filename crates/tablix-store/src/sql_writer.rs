@@ -85,6 +85,7 @@ impl SqlWriter {
                     rolled_back = true;
                     break;
                 }
+                Err(Stop::Failed(f)) => return Err(StoreError::Failed(f)),
             }
         }
         let cost = sink.used();

@@ -125,14 +125,14 @@ impl Writer {
                 // A sync-mode flush writes nothing.
                 wrote |= is_async;
                 if let Err(e) = &r {
-                    tracing::error!("flush failed: {e}");
+                    tracing::error!("flush failed: {e}; trying again within the flush interval");
+                    // What stayed pending must still become durable.
+                    if is_async {
+                        deadline = Some(Instant::now() + interval);
+                    }
                 }
                 for reply in flushes {
-                    let _ = reply.send(
-                        r.as_ref()
-                            .map(|_| ())
-                            .map_err(|e| StoreError::Apply(e.to_string())),
-                    );
+                    let _ = reply.send(r.as_ref().map(|_| ()).map_err(StoreError::duplicate));
                 }
             }
             if wrote || wal_retry.is_some_and(|t| Instant::now() >= t) {
@@ -179,7 +179,7 @@ impl Writer {
 
     fn fail_all(&self, group: Vec<Item>, e: &StoreError) {
         for (_, _, reply) in group {
-            let _ = reply.send(Err(StoreError::Commit(e.to_string())));
+            let _ = reply.send(Err(e.duplicate()));
         }
     }
 

@@ -9,7 +9,9 @@
 //! and deletes the `-shm` wal-index files, which live in memory across a
 //! real power loss. Anything SQLite wrote but did not sync is gone: the
 //! strictest model of a disk that honours fsync and nothing more.
-//! [`FaultVfs::fail_io`] makes writes and syncs fail with SQLITE_IOERR.
+//! [`FaultVfs::fail_io`] makes writes and syncs fail with SQLITE_IOERR;
+//! [`FaultVfs::fill_disk`] makes writes fail with SQLITE_FULL, as the
+//! platform VFS reports ENOSPC.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
@@ -25,6 +27,7 @@ struct State {
     platform: *mut ffi::sqlite3_vfs,
     frozen: AtomicBool,
     failing: AtomicBool,
+    full: AtomicBool,
     /// path -> content at the last sync (None: created and never synced).
     images: Mutex<HashMap<PathBuf, Option<Vec<u8>>>>,
 }
@@ -45,6 +48,8 @@ impl State {
             Some(ffi::SQLITE_OK)
         } else if self.failing.load(Ordering::SeqCst) {
             Some(error)
+        } else if error == ffi::SQLITE_IOERR_WRITE && self.full.load(Ordering::SeqCst) {
+            Some(ffi::SQLITE_FULL)
         } else {
             None
         }
@@ -107,6 +112,7 @@ impl FaultVfs {
                 platform,
                 frozen: AtomicBool::new(false),
                 failing: AtomicBool::new(false),
+                full: AtomicBool::new(false),
                 images: Mutex::new(HashMap::new()),
             },
         });
@@ -133,6 +139,11 @@ impl FaultVfs {
     /// Makes writes and syncs fail (true) or work again (false).
     pub fn fail_io(&self, on: bool) {
         self.inner.state.failing.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes writes fail as on a full disk (true), or fit again (false).
+    pub fn fill_disk(&self, on: bool) {
+        self.inner.state.full.store(on, Ordering::SeqCst);
     }
 
     /// Puts every file back to what its last sync made durable, as after a
@@ -544,6 +555,16 @@ mod tests {
         assert!(conn.execute("INSERT INTO t VALUES (4)", []).is_err());
         vfs.fail_io(false);
         conn.execute("INSERT INTO t VALUES (5)", []).unwrap();
+        // A full disk is SQLITE_FULL, and frees up again.
+        vfs.fill_disk(true);
+        let big = "INSERT INTO t WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 50) SELECT randomblob(100000) FROM n";
+        let full = conn.execute(big, []).unwrap_err();
+        assert_eq!(
+            full.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DiskFull),
+            "{full}"
+        );
+        vfs.fill_disk(false);
         drop(conn);
         assert_eq!(count(&path), 3);
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bounds;
+mod fs_faults;
 mod sandbox;
 
 use std::sync::Arc;
@@ -540,7 +541,9 @@ fn count_p(data: &std::path::Path) -> (i64, String) {
 
 /// A store configuration on a fault-injecting VFS. The VFS is returned
 /// first so that callers declare it first: it must outlive the store.
-fn faulty_store(durability: Durability) -> (tablix_vfs::FaultVfs, tempfile::TempDir, StoreConfig) {
+pub(crate) fn faulty_store(
+    durability: Durability,
+) -> (tablix_vfs::FaultVfs, tempfile::TempDir, StoreConfig) {
     let fault = tablix_vfs::FaultVfs::register().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut config = StoreConfig::new(dir.path());
@@ -621,8 +624,17 @@ fn io_errors_fail_the_group_and_lose_nothing() {
     }
     fault.fail_io(true);
     let err = store.apply(stamp(10), insert(10)).unwrap_err();
-    assert!(matches!(err, StoreError::Commit(_)), "{err}");
-    assert!(err.to_string().contains("I/O error"), "{err}");
+    // Failing under the statement or at COMMIT: the group fails whole,
+    // typed by SQLite's code, never as the Command's own result.
+    assert!(
+        matches!(err, StoreError::Commit(_) | StoreError::Failed(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.sqlite_code(),
+        Some(rusqlite::ErrorCode::SystemIoFailure),
+        "{err:?}"
+    );
     fault.fail_io(false);
     store.apply(stamp(11), insert(11)).unwrap();
     assert_eq!(
@@ -631,6 +643,31 @@ fn io_errors_fail_the_group_and_lose_nothing() {
     );
     drop(store);
     assert_eq!(count_p(dir.path()), (11, "ok".to_string()));
+}
+
+/// A full disk under a user's write is a failure of this node, not the
+/// statement's result: the request fails typed (SQLITE_FULL), nothing of
+/// its group is applied, and the store writes again once space is back.
+#[test]
+fn a_full_disk_under_user_sql_fails_the_request_not_the_statement() {
+    let (fault, dir, config) = faulty_store(Durability::Sync);
+    let store = open_with_p(config);
+    store.apply(stamp(1), insert(1)).unwrap();
+    fault.fill_disk(true);
+    let big = sql(&[
+        "INSERT INTO p(v) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) SELECT randomblob(100000) FROM n",
+    ]);
+    let r = store.apply(stamp(2), big);
+    let err = r.expect_err("a write on a full disk was answered as applied or refused by SQL");
+    assert_eq!(
+        err.sqlite_code(),
+        Some(rusqlite::ErrorCode::DiskFull),
+        "{err:?}"
+    );
+    fault.fill_disk(false);
+    store.apply(stamp(3), insert(3)).unwrap();
+    drop(store);
+    assert_eq!(count_p(dir.path()), (2, "ok".to_string()));
 }
 
 /// The memory database under load: threads moving bytes through pipes
