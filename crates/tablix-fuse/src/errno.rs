@@ -20,11 +20,11 @@ pub fn sqlite_errno(code: Option<ErrorCode>) -> Errno {
 }
 
 /// The errno for a failure of the store itself (not of the operation).
+/// Async mode's lost changes (`PendingLost`) answer as their cause did,
+/// as a kernel's writeback error does at `fsync`: ENOSPC when the disk
+/// filled, EIO otherwise.
 pub fn store_errno(e: &StoreError) -> Errno {
     match e {
-        // Acknowledged changes are gone: whatever the cause, the caller
-        // must not take it for a full disk it can clear and retry.
-        StoreError::PendingLost(_) => Errno::EIO,
         StoreError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => Errno::ENOSPC,
         other => sqlite_errno(other.sqlite_code()),
     }
@@ -124,7 +124,12 @@ mod tests {
                 StoreError::Failed(failure(ffi::SQLITE_NOMEM)),
                 Errno::ENOMEM,
             ),
-            (StoreError::PendingLost(full), Errno::EIO),
+            (StoreError::PendingLost(full), Errno::ENOSPC),
+            (
+                StoreError::PendingLost(failure(ffi::SQLITE_IOERR_FSYNC)),
+                Errno::EIO,
+            ),
+            (StoreError::PendingLost(worded), Errno::EIO),
             (
                 StoreError::Apply("database or disk is full".into()),
                 Errno::EIO,

@@ -565,14 +565,7 @@ fn lent_connections_only_read() {
         store
             .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
             .unwrap();
-        let node = |n: i64| FsOp::MakeNode {
-            parent: 1,
-            name: format!("f{n}").into(),
-            mode: libc::S_IFREG | 0o644,
-            rdev: 0,
-            uid: 0,
-            gid: 0,
-        };
+        let node = |n: i64| super::new_file(&format!("f{n}"));
         let made = store.apply_fs_now(stamp(1), node(1)).unwrap();
         assert!(matches!(made.fs, Some(Ok(_))), "{mode:?}: {made:?}");
         let readonly = |r: Result<rusqlite::Result<usize>, StoreError>, what: &str| {

@@ -10,7 +10,7 @@ use tablix_fs::check::{Options, check};
 use tablix_fs::{FsOp, FsReply};
 use tablix_store::{Command, Durability, Store, StoreError};
 
-use super::{faulty_store, sql, stamp};
+use super::{faulty_store, new_file, sql, stamp};
 
 /// Bytes written to each test file: more than one data block.
 const FILE_BYTES: usize = 100_000;
@@ -22,17 +22,7 @@ fn content(n: u64) -> Vec<u8> {
 /// Makes file `f{n}` and writes its content, through `apply_fs_now` (a
 /// group commit in sync mode, the pending transaction in async mode).
 fn make_file(store: &Store, n: u64) -> Result<(), StoreError> {
-    let made = store.apply_fs_now(
-        stamp(10 + 2 * n as i64),
-        FsOp::MakeNode {
-            parent: 1,
-            name: format!("f{n}").into(),
-            mode: libc::S_IFREG | 0o644,
-            rdev: 0,
-            uid: 0,
-            gid: 0,
-        },
-    )?;
+    let made = store.apply_fs_now(stamp(10 + 2 * n as i64), new_file(&format!("f{n}")))?;
     let ino = match made.fs {
         Some(Ok(FsReply::Attr(a))) => a.ino,
         other => panic!("making f{n}: {other:?}"),

@@ -29,6 +29,18 @@ pub(crate) fn sql(statements: &[&str]) -> Command {
     }
 }
 
+/// Makes a regular file `name` in the root directory, owned by root.
+pub(crate) fn new_file(name: &str) -> tablix_fs::FsOp {
+    tablix_fs::FsOp::MakeNode {
+        parent: 1,
+        name: name.into(),
+        mode: libc::S_IFREG | 0o644,
+        rdev: 0,
+        uid: 0,
+        gid: 0,
+    }
+}
+
 fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
     match &store
         .query(&Principal::root(), &[Statement::new(q)])
