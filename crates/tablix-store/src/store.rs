@@ -282,8 +282,8 @@ impl Store {
 
     /// Runs tablix's own read-only SQL (`f`) on the newest state, including
     /// operations of [`Store::apply_fs_now`] not committed yet: in async
-    /// mode on the file system's writer connection, lent `query_only` for
-    /// the call; in sync mode, where nothing acknowledged is uncommitted,
+    /// mode on the file system's writer connection (a read that changes a
+    /// row fails, see [`ReadConn`]); in sync mode, where nothing acknowledged is uncommitted,
     /// on the file system's readers (see [`Store::read`]).
     pub fn read_latest<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
         if self.config.durability == crate::config::Durability::Sync {
@@ -291,8 +291,7 @@ impl Store {
         }
         Counters::add(&self.counters.reads, 1);
         let fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
-        let conn = ReadConn::on_writer(fs.connection())?;
-        Ok(f(&conn))
+        ReadConn::on_writer(fs.connection(), f)
     }
 
     /// Makes everything acknowledged so far durable, whatever the mode.
