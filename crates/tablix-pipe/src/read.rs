@@ -22,8 +22,15 @@ pub struct PipeFile {
     pub changed_ns: i64,
 }
 
-const FILE_COLUMNS: &str =
-    "SELECT id, name, uid, gid, mode, capacity, created_ns, changed_ns FROM pipe";
+/// The columns `file_of_row` reads, selected from `pipe`.
+macro_rules! select_files {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, name, uid, gid, mode, capacity, created_ns, changed_ns FROM pipe ",
+            $rest
+        )
+    };
+}
 
 fn file_of_row(r: &Row<'_>) -> rusqlite::Result<PipeFile> {
     Ok(PipeFile {
@@ -40,7 +47,7 @@ fn file_of_row(r: &Row<'_>) -> rusqlite::Result<PipeFile> {
 
 /// The pipe with id `pipe`.
 pub fn file(conn: &Connection, pipe: i64) -> Result<PipeFile, PipeError> {
-    conn.prepare_cached(&format!("{FILE_COLUMNS} WHERE id = ?1"))?
+    conn.prepare_cached(select_files!("WHERE id = ?1"))?
         .query_row([pipe], file_of_row)
         .optional()?
         .ok_or(PipeError::NoSuchPipe(pipe))
@@ -48,7 +55,7 @@ pub fn file(conn: &Connection, pipe: i64) -> Result<PipeFile, PipeError> {
 
 /// The pipe named `name`.
 pub fn named(conn: &Connection, name: &str) -> Result<PipeFile, PipeError> {
-    conn.prepare_cached(&format!("{FILE_COLUMNS} WHERE name = ?1"))?
+    conn.prepare_cached(select_files!("WHERE name = ?1"))?
         .query_row([name], file_of_row)
         .optional()?
         .ok_or_else(|| PipeError::NoSuchName(name.to_string()))
@@ -56,9 +63,7 @@ pub fn named(conn: &Connection, name: &str) -> Result<PipeFile, PipeError> {
 
 /// Every named pipe, in the order they were made.
 pub fn all_named(conn: &Connection) -> Result<Vec<PipeFile>, PipeError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "{FILE_COLUMNS} WHERE name IS NOT NULL ORDER BY id"
-    ))?;
+    let mut stmt = conn.prepare_cached(select_files!("WHERE name IS NOT NULL ORDER BY id"))?;
     let rows = stmt.query_map([], file_of_row)?;
     Ok(rows.collect::<rusqlite::Result<_>>()?)
 }

@@ -97,13 +97,10 @@ pub(crate) fn commit_prefix<T>(
             }
             let cost = r.as_ref().map_or(0, |(_, cost)| *cost);
             if conn.is_autocommit() {
-                let r = match r {
-                    Ok((mut a, _)) => {
-                        a.rolled_back = true;
-                        Ok(a)
-                    }
-                    Err(e) => Err(e),
-                };
+                let r = r.map(|(mut a, _)| {
+                    a.rolled_back = true;
+                    a
+                });
                 excluded[i] = Some((r, cost));
                 continue 'attempt;
             }
