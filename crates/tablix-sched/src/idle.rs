@@ -107,16 +107,21 @@ thread_local! {
 /// [`GIVE_WAY_EVERY`]; otherwise returns at once (no system call).
 /// Returns whether it yielded.
 pub fn give_way() -> bool {
-    let Some(last) = GAVE_WAY.get() else {
-        return false;
-    };
-    let now = Instant::now();
-    if now.duration_since(last) < GIVE_WAY_EVERY {
+    if !due(Instant::now()) {
         return false;
     }
     std::thread::yield_now();
-    GAVE_WAY.set(Some(now));
+    // The period starts when the thread runs again: a lowered thread may
+    // wait long for its turn, and that wait is not running.
+    GAVE_WAY.set(Some(Instant::now()));
     true
+}
+
+/// Whether a lowered thread is due to give way at `now`.
+fn due(now: Instant) -> bool {
+    GAVE_WAY
+        .get()
+        .is_some_and(|last| now.saturating_duration_since(last) >= GIVE_WAY_EVERY)
 }
 
 /// The calling thread under `SCHED_IDLE`, where the process may take it
@@ -183,25 +188,34 @@ mod tests {
         .expect("the test thread");
     }
 
+    /// The periods are checked at chosen instants, not by sleeping: a
+    /// lowered thread on a busy machine may wait longer than a period
+    /// between any two calls.
     #[test]
     fn only_a_lowered_thread_gives_way_and_not_more_often_than_its_period() {
         std::thread::spawn(|| {
-            std::thread::sleep(GIVE_WAY_EVERY);
+            let far = Instant::now() + 1000 * GIVE_WAY_EVERY;
+            assert!(!due(far), "not lowered");
             assert!(!give_way(), "not lowered");
             {
                 let _low = Lowered::enter();
-                assert!(!give_way(), "lowered just now");
+                let entered = GAVE_WAY.get().expect("a mark while lowered");
+                assert!(!due(entered + GIVE_WAY_EVERY / 2), "within its period");
+                assert!(due(entered + GIVE_WAY_EVERY), "a period later");
                 std::thread::sleep(GIVE_WAY_EVERY);
-                assert!(give_way(), "a period later");
-                assert!(!give_way(), "just gave way");
-                std::thread::sleep(GIVE_WAY_EVERY);
+                let before = Instant::now();
+                assert!(give_way(), "a period later, for real");
+                let gave = GAVE_WAY.get().expect("a mark while lowered");
+                assert!(gave >= before, "the period restarts when it gave way");
+                assert!(!due(gave + GIVE_WAY_EVERY / 2), "just gave way");
                 {
                     let _inner = Lowered::enter();
-                    assert!(!give_way(), "the inner guard starts a period");
+                    let inner = GAVE_WAY.get().expect("the inner guard's mark");
+                    assert!(inner >= gave, "the inner guard starts a period");
                 }
-                assert!(give_way(), "the outer guard's period again");
+                assert_eq!(GAVE_WAY.get(), Some(gave), "the outer guard's period again");
             }
-            std::thread::sleep(GIVE_WAY_EVERY);
+            assert!(!due(far), "no longer lowered");
             assert!(!give_way(), "no longer lowered");
         })
         .join()
