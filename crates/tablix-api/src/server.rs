@@ -17,7 +17,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 use tablix_store::{
-    Cancel, Cell, Command, Limits, Sink, Stamp, Stamped, Statement, StatementOutcome,
+    Cancel, Cell, Limits, Sink, SqlCommand, Stamp, Stamped, Statement, StatementOutcome,
     StatementResult, Stop, Store, StoreError, Value,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -269,14 +269,14 @@ async fn write(
     let limits = app.limits(o, true, who.1.as_ref());
     let _cancel = CancelOnDrop(limits.cancel.clone());
     let max = limits.max_result_bytes;
-    let command = Command::Sql {
+    let command = SqlCommand {
         statements: sts,
         transaction: o.transaction,
         principal: caller.principal.clone(),
     };
     let applied = app
         .store
-        .submit_limited(Stamped::new(Stamp::now(), command), limits)
+        .submit_sql(Stamped::new(Stamp::now(), command), limits)
         .await?;
     let mut enc = Encoder::new(Vec::new(), o, shape, max);
     // The results were gathered within the bound already; an encoding

@@ -4,18 +4,16 @@
 use std::sync::Arc;
 
 use serde_json::{Value as Json, json};
-use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router, serve, tls_acceptor};
-use tablix_store::{Store, StoreConfig};
+use tablix_testkit::{self as testkit, ApiServer};
 
 struct Server {
     base: String,
     agent: ureq::Agent,
-    store: Arc<Store>,
-    _dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
+    api: ApiServer,
 }
 
-/// How a test server is set up.
+/// How a test server is set up (the testkit's setup, with TLS as a flag:
+/// a self-signed certificate for localhost that the client trusts).
 #[derive(Default)]
 struct Setup {
     body_limit: Option<usize>,
@@ -32,81 +30,34 @@ fn server(body_limit: usize) -> Server {
 }
 
 fn start(setup: Setup) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = StoreConfig::new(dir.path().join("data"));
-    if let Some(n) = setup.readers {
-        config.readers = n;
-    }
-    let store = Arc::new(Store::open(config).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
     let mut agent = ureq::Agent::config_builder().http_status_as_error(false);
-    let tls = if setup.tls {
+    let mut tls = None;
+    if setup.tls {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        let (c, k) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-        std::fs::write(&c, cert.cert.pem()).unwrap();
-        std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
         let der = ureq::tls::Certificate::from_der(cert.cert.der()).to_owned();
         agent = agent.tls_config(
             ureq::tls::TlsConfig::builder()
                 .root_certs(ureq::tls::RootCerts::new_with_certs(&[der]))
                 .build(),
         );
-        Some(tls_acceptor(&c, &k).unwrap())
-    } else {
-        None
-    };
-    let endpoint = rt
-        .block_on(Endpoint::tcp("127.0.0.1:0".parse().unwrap(), tls))
-        .unwrap();
-    let addr = endpoint.local_addr().unwrap();
-    let socket = dir.path().join("data/tablix.sock");
-    let unix = {
-        let _in_runtime = rt.enter();
-        Endpoint::unix(&socket).unwrap()
-    };
-    let info = ServerInfo {
-        version: "test".into(),
-        pid: std::process::id(),
-        http_addr: addr.to_string(),
-        pcache: "sqlite".into(),
-        socket: Some(socket.display().to_string()),
-        mount: None,
-        tls: setup.tls,
-    };
-    let auth = match setup.auth {
-        Some(text) => AuthFile::parse(text.as_bytes()).unwrap(),
-        None => AuthFile::default(),
-    };
-    let app = router(
-        Arc::clone(&store),
-        info,
-        ApiConfig {
-            body_limit: setup.body_limit.unwrap_or(1 << 20),
-            max_requests: 16,
-        },
-        Arc::new(auth),
-    );
-    rt.spawn(serve(
-        vec![endpoint, unix],
-        app,
-        std::future::pending(),
-        std::time::Duration::from_secs(1),
-    ));
+        tls = Some((cert.cert.pem(), cert.signing_key.serialize_pem()));
+    }
+    let api = ApiServer::start(testkit::Setup {
+        body_limit: setup.body_limit,
+        auth: setup.auth.map(String::from),
+        tls,
+        readers: setup.readers,
+        socket: true,
+    });
     let scheme = if setup.tls {
         "https://localhost"
     } else {
         "http://127.0.0.1"
     };
     Server {
-        base: format!("{scheme}:{}", addr.port()),
+        base: format!("{scheme}:{}", api.addr.port()),
         agent: agent.build().into(),
-        store,
-        _dir: dir,
-        _rt: rt,
+        api,
     }
 }
 
@@ -453,7 +404,7 @@ fn db_timeout_tightens_the_time_limit_and_readiness_needs_no_reader() {
     // The only reader busy: readiness still answers, and a write still goes
     // through /db/request.
     let busy = {
-        let store = Arc::clone(&s.store);
+        let store = Arc::clone(&s.api.store);
         std::thread::spawn(move || {
             let mut l = store.config().read_limits();
             l.timeout = std::time::Duration::from_secs(3);

@@ -1,4 +1,5 @@
-//! File-system operations as data: the body of `Command::Fs`.
+//! File-system operations as data: the store applies each as a replicated
+//! Command (`ReplicatedCommand::Fs`).
 
 use serde::{Deserialize, Serialize};
 

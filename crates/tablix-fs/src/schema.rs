@@ -83,6 +83,17 @@ pub(crate) fn spans(from: u64, to: u64) -> impl Iterator<Item = Span> {
 /// `released_migrations_are_frozen` checks.
 pub const MIGRATIONS: &[(u32, &str)] = &[(2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4)];
 
+/// The file system's tables that the store checks at every start (SQLite's
+/// quick_check), before anything writes: its metadata, small next to the
+/// data blocks, which `tablix fsck` checks whole.
+pub const QUICK_CHECKED: &[&str] = &[
+    "tablix_inode",
+    "tablix_dirent",
+    "tablix_symlink",
+    "tablix_xattr",
+    "tablix_block_sum",
+];
+
 /// The store's migration 2: creates the file system, with its root
 /// directory. The root gets its owner and times at the first mount
 /// (`FsOp::Mount`). Frozen.

@@ -1,6 +1,6 @@
 //! The FUSE handlers. Each is thin: an `*_inner` function computes the
 //! result as `Result<_, Errno>` through the store (reads on the reader
-//! pool, changes as `Command::Fs`), and the handler sends exactly one reply.
+//! pool, changes as `FsOp` Commands), and the handler sends exactly one reply.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -17,7 +17,7 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, read};
-use tablix_store::{Command, Stamp, Store};
+use tablix_store::{Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{fs_errno, store_errno, to_fuser};
@@ -63,11 +63,9 @@ impl TablixFs {
     /// Applies `op` as a Command: durable on return in sync mode, applied
     /// and flushed within the interval in async mode.
     fn change(&self, op: FsOp) -> Result<FsReply, Errno> {
-        let applied = self
-            .store
+        self.store
             .apply_fs_now(Stamp::now(), op)
-            .map_err(|e| store_errno(&e))?;
-        applied.fs.unwrap_or(Err(Errno::EIO))
+            .map_err(|e| store_errno(&e))?
     }
 
     fn change_attr(&self, op: FsOp) -> Result<Attr, Errno> {
@@ -169,10 +167,10 @@ impl TablixFs {
         } else {
             // Nobody waits on a forget: the writer applies it in a later
             // group instead of this thread waiting for the commit's fsync.
-            drop(self.store.submit(tablix_store::Stamped::new(
-                Stamp::now(),
-                Command::Fs(reclaim),
-            )));
+            drop(
+                self.store
+                    .submit_fs(tablix_store::Stamped::new(Stamp::now(), reclaim)),
+            );
             Ok(())
         }
     }

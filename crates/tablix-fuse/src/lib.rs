@@ -1,14 +1,14 @@
 //! The tablix file system served to the kernel through FUSE.
 //!
 //! * [`fs`]: the request handlers, thin wrappers that read through the
-//!   store's reader pool and change state only by `Command::Fs`;
+//!   store's reader pool and change state only by `FsOp` Commands;
 //! * [`mount`]: mounting with the options tablix needs (multi-threaded,
 //!   large writes, readdirplus, kernel caching, writeback cache in async
 //!   mode), clearing a stale mount left by a crashed run, and unmounting;
 //! * [`errno`]: the one mapping from store failures to an errno.
 //!
 //! Architecture invariant: no handler changes state except by submitting a
-//! `Command::Fs` to the store, and every handler sends exactly one reply.
+//! an `FsOp` Command to the store, and every handler sends exactly one reply.
 
 mod attr;
 pub mod errno;

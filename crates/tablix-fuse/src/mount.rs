@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use tablix_fs::FsOp;
-use tablix_store::{Command, Stamp, Store};
+use tablix_store::{Stamp, Store};
 
 use crate::fs::{FsConfig, TablixFs};
 
@@ -200,12 +200,10 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     let mountpoint = prepare(&options.mountpoint)?;
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
-    let applied = store
-        .apply(Stamp::now(), Command::Fs(FsOp::Mount { uid, gid }))
+    store
+        .apply_fs(Stamp::now(), FsOp::Mount { uid, gid })
+        .map_err(|e| MountError::Store(e.to_string()))?
         .map_err(|e| MountError::Store(e.to_string()))?;
-    if let Some(Err(e)) = applied.fs {
-        return Err(MountError::Store(e.to_string()));
-    }
     let mut mount_options = vec![
         MountOption::FSName(options.fs.data_dir.display().to_string()),
         MountOption::Subtype("tablix".into()),

@@ -1,7 +1,7 @@
 //! Database-backed pipes on the mount: `MOUNT/.tablix/pipes/NAME`.
 //!
 //! Every byte goes through a transaction of the memory database
-//! (`Command::Pipe`, applied by the store). What a kernel pipe keeps in its
+//! (`PipeOp`s, applied by the store). What a kernel pipe keeps in its
 //! wait queues lives here: FUSE replies not sent yet. A read of an empty
 //! pipe parks its reply on the pipe's reader queue and returns; a later
 //! write serves the first parked reader, and a reader that leaves bytes
@@ -34,7 +34,7 @@ use tablix_fs::read::DirEntry;
 use tablix_fs::{Attr, Errno};
 use tablix_pipe::schema::DEFAULT_CAPACITY;
 use tablix_pipe::{End, PipeOp, PipeReply, PipeState};
-use tablix_store::{Command, Stamp, Store};
+use tablix_store::{Stamp, Store};
 
 use crate::errno::{pipe_errno, store_errno, to_fuser};
 
@@ -170,15 +170,10 @@ impl Pipes {
     }
 
     fn apply(&self, op: PipeOp) -> Result<PipeReply, Errno> {
-        let applied = self
-            .store
-            .apply(Stamp::now(), Command::Pipe(op))
-            .map_err(|e| store_errno(&e))?;
-        match applied.pipe {
-            Some(Ok(r)) => Ok(r),
-            Some(Err(e)) => Err(pipe_errno(&e)),
-            None => Err(Errno::EIO),
-        }
+        self.store
+            .apply_pipe(Stamp::now(), &op)
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| pipe_errno(&e))
     }
 
     /// Runs one of tablix-pipe's reads on the memory database.

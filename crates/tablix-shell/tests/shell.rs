@@ -1,52 +1,20 @@
 //! The shell against a real server on an ephemeral 127.0.0.1 port.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
-use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router, serve};
 use tablix_shell::{Client, Mode, Shell, ShellError};
-use tablix_store::{Store, StoreConfig};
+use tablix_testkit::{ApiServer, Setup};
 
 struct Server {
     addr: String,
-    dir: tempfile::TempDir,
-    _rt: tokio::runtime::Runtime,
+    api: ApiServer,
 }
 
 fn server() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(StoreConfig::new(dir.path().join("data"))).unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let endpoint = rt
-        .block_on(Endpoint::tcp("127.0.0.1:0".parse().unwrap(), None))
-        .unwrap();
-    let addr = endpoint.local_addr().unwrap().to_string();
-    let info = ServerInfo {
-        version: "test".into(),
-        pid: 0,
-        http_addr: addr.clone(),
-        pcache: "sqlite".into(),
-        socket: None,
-        mount: None,
-        tls: false,
-    };
-    let app = router(
-        store,
-        info,
-        ApiConfig::default(),
-        Arc::new(AuthFile::default()),
-    );
-    rt.spawn(serve(
-        vec![endpoint],
-        app,
-        std::future::pending(),
-        std::time::Duration::from_secs(1),
-    ));
-    Server { addr, dir, _rt: rt }
+    let api = ApiServer::start(Setup::default());
+    Server {
+        addr: api.addr.to_string(),
+        api,
+    }
 }
 
 fn run(s: &Server, mode: Mode, text: &str) -> (Result<(), ShellError>, String) {
@@ -116,7 +84,7 @@ fn errors_stop_a_batch_and_say_why() {
 #[test]
 fn rollback_discards_and_read_runs_files() {
     let s = server();
-    let file = s.dir.path().join("f.sql");
+    let file = s.api.dir.path().join("f.sql");
     std::fs::write(&file, "CREATE TABLE r(x);\nINSERT INTO r VALUES (7);\n").unwrap();
     let (r, out) = run(
         &s,

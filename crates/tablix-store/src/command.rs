@@ -1,4 +1,6 @@
-//! Commands: the one way tablix state changes.
+//! Commands: the one way tablix state changes. Replicated Commands
+//! change the persistent database and are entries of the command log;
+//! node-local ones change only this node's memory database.
 
 use serde::{Deserialize, Serialize};
 
@@ -58,51 +60,34 @@ pub struct DaemonRecord {
     pub version: String,
 }
 
-/// A state change. Applying the same sequence of stamped Commands to the same
-/// starting state gives the same state and the same results.
+/// User SQL, as sent to rqlite's `/db/execute`. With `transaction`, the
+/// first failing statement rolls the whole Command back; without it each
+/// statement stands alone.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Command {
-    /// User SQL, as sent to rqlite's `/db/execute`. With `transaction`, the
-    /// first failing statement rolls the whole Command back; without it each
-    /// statement stands alone.
-    Sql {
-        statements: Vec<Statement>,
-        transaction: bool,
-        /// Whom the statements run as: what the authorizer and the views
-        /// of system state apply.
-        principal: Principal,
-    },
-    /// Records the daemon that owns the data directory.
-    SetDaemon(DaemonRecord),
+pub struct SqlCommand {
+    pub statements: Vec<Statement>,
+    pub transaction: bool,
+    /// Whom the statements run as: what the authorizer and the views of
+    /// system state apply.
+    pub principal: Principal,
+}
+
+/// A Command that changes the persistent database: the entries of the
+/// command log, which replication copies to every node. Applying the same
+/// sequence of stamped replicated Commands to the same starting state
+/// gives the same state and the same results.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ReplicatedCommand {
+    Sql(SqlCommand),
     /// A file-system operation (the FUSE mount's writes).
     Fs(tablix_fs::FsOp),
-    /// A pipe operation, on the memory database.
-    Pipe(tablix_pipe::PipeOp),
-    /// A batch of process events, on the memory database.
-    Proc(tablix_proc::ProcOp),
 }
 
-impl Command {
-    /// Whether the Command changes only the memory database (volatile
-    /// state, applied at once on the caller's thread, never synced).
-    pub fn is_volatile(&self) -> bool {
-        matches!(
-            self,
-            Command::SetDaemon(_) | Command::Pipe(_) | Command::Proc(_)
-        )
-    }
-
-    /// What kind of Command this is, for messages.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Command::Sql { .. } => "a SQL command",
-            Command::SetDaemon(_) => "a daemon record",
-            Command::Fs(_) => "a file-system command",
-            Command::Pipe(_) => "a pipe command",
-            Command::Proc(_) => "a process-table command",
-        }
-    }
-}
+// Node-local Commands (the daemon record, pipes, the process table)
+// change only this node's memory database: they are not
+// `ReplicatedCommand`s, and reach the store only through its node-local
+// entry points (`Store::set_daemon`, `apply_pipe`, `apply_proc`), which
+// apply them at once and never log, sync or replicate them.
 
 /// The non-deterministic inputs of a Command, fixed by whoever proposes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,16 +98,16 @@ pub struct Stamp {
     pub seed: u64,
 }
 
-/// A Command with its stamp: the unit the writer applies and, later, the unit
-/// of the replicated log.
+/// A Command with its stamp: the unit the writer applies and, for a
+/// [`ReplicatedCommand`], the unit of the command log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Stamped {
+pub struct Stamped<C> {
     pub stamp: Stamp,
-    pub command: Command,
+    pub command: C,
 }
 
-impl Stamped {
-    pub fn new(stamp: Stamp, command: Command) -> Stamped {
+impl<C> Stamped<C> {
+    pub fn new(stamp: Stamp, command: C) -> Stamped<C> {
         Stamped { stamp, command }
     }
 }

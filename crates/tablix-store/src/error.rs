@@ -105,8 +105,8 @@ pub enum StoreError {
     /// Every connection that could serve the request stayed busy.
     #[error("tablix is busy: {0}")]
     Busy(String),
-    /// A Command reached a part of the store that does not apply its kind,
-    /// or the writer thread died: a defect, never bad input.
+    /// A read lent a connection changed a row, or the writer thread died:
+    /// a defect, never bad input.
     #[error("{0}")]
     Apply(String),
     /// BEGIN, a SAVEPOINT or COMMIT of a group failed: nothing in the

@@ -8,15 +8,16 @@
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
-use tablix_fs::FsError;
+use tablix_fs::{Errno, FsError, FsOp};
 use tablix_vfs::ClockVfs;
 
-use crate::command::{Command, Stamped};
+use crate::command::{Stamp, Stamped};
 use crate::config::{Durability, StoreConfig};
 use crate::error::{SqliteFailure, StoreError};
 use crate::group::{self, BEGIN_WRITE};
-use crate::outcome::Applied;
+use crate::outcome::FsResult;
 use crate::schema;
+use crate::state_machine::{Grouped, StateMachine};
 use crate::wal::WalFile;
 
 /// Most WAL pages between automatic checkpoints (64 MiB).
@@ -136,7 +137,7 @@ impl FsWriter {
     /// A failing Command is rolled back alone (its savepoint); the pending
     /// ones stay. File-system Commands never end the transaction
     /// themselves.
-    pub(crate) fn apply_pending(&mut self, item: &Stamped) -> Result<Applied, StoreError> {
+    pub(crate) fn apply_pending(&mut self, item: &Stamped<FsOp>) -> Result<FsResult, StoreError> {
         if let Some(why) = &self.lost {
             return Err(StoreError::PendingLost(why.clone()));
         }
@@ -160,10 +161,10 @@ impl FsWriter {
         r
     }
 
-    fn pending_savepoint(&self, item: &Stamped) -> Result<Applied, StoreError> {
+    fn pending_savepoint(&self, item: &Stamped<FsOp>) -> Result<FsResult, StoreError> {
         self.pending_sql("SAVEPOINT tablix_command")?;
-        let r = self.apply(item);
-        if r.as_ref().map_or(true, |a| a.rolled_back) {
+        let r = self.apply(item.stamp, &item.command, &());
+        if r.as_ref().map_or(true, Self::refused) {
             self.pending_sql("ROLLBACK TO tablix_command")?;
         }
         self.pending_sql("RELEASE tablix_command")?;
@@ -198,38 +199,13 @@ impl FsWriter {
         group::control(&self.conn, sql).map_err(|e| StoreError::Commit(SqliteFailure::of(&e)))
     }
 
-    /// Applies one Command's body; the caller owns the surrounding
-    /// transaction and savepoint.
-    fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
-        self.clock.set_unix_nanos(item.stamp.unix_nanos);
-        match &item.command {
-            Command::Fs(op) => {
-                let result = match tablix_fs::apply(&self.conn, item.stamp.unix_nanos, op) {
-                    Ok(reply) => Ok(reply),
-                    Err(FsError::Errno(e)) => Err(e),
-                    Err(FsError::Sqlite(e)) => {
-                        return Err(StoreError::Failed(SqliteFailure::of(&e)));
-                    }
-                };
-                Ok(Applied {
-                    rolled_back: result.is_err(),
-                    fs: Some(result),
-                    ..Applied::default()
-                })
-            }
-            other => Err(StoreError::Apply(format!(
-                "{} reached the file system's writer",
-                other.kind()
-            ))),
-        }
-    }
-
     /// Applies file-system Commands as one group commit.
     pub(crate) fn apply_group(
         &self,
-        items: &[&Stamped],
-    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        group::commit(&self.conn, items, |item| self.apply(item))
+        items: &[&Stamped<FsOp>],
+    ) -> Result<Vec<Result<FsResult, StoreError>>, StoreError> {
+        let items: Vec<(&Stamped<FsOp>, &())> = items.iter().map(|i| (*i, &())).collect();
+        group::commit(self, &items, usize::MAX)
     }
 
     /// Writes the WAL to stable storage (async mode's bounded flush),
@@ -279,5 +255,39 @@ impl FsWriter {
                 .set_len(limit)?;
         }
         Ok(true)
+    }
+}
+
+/// The file system's domain: `tablix_fs::apply` on the file system's
+/// writer connection, with SQL's clock set to the Command's stamp.
+impl StateMachine for FsWriter {
+    type Op = FsOp;
+    type Reply = FsResult;
+    type Bounds = ();
+
+    fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn apply(&self, stamp: Stamp, op: &FsOp, _: &()) -> Result<FsResult, StoreError> {
+        self.clock.set_unix_nanos(stamp.unix_nanos);
+        match tablix_fs::apply(&self.conn, stamp.unix_nanos, op) {
+            Ok(reply) => Ok(Ok(reply)),
+            Err(FsError::Errno(e)) => Ok(Err(e)),
+            Err(FsError::Sqlite(e)) => Err(StoreError::Failed(SqliteFailure::of(&e))),
+        }
+    }
+
+    fn refused(reply: &FsResult) -> bool {
+        reply.is_err()
+    }
+}
+
+impl Grouped for FsWriter {
+    /// A file-system operation never ends its transaction itself (SQLite
+    /// failing under it is `StoreError::Failed`); if one did, it did not
+    /// happen, which the kernel hears as an I/O error.
+    fn ended(_: FsResult) -> FsResult {
+        Err(Errno::EIO)
     }
 }

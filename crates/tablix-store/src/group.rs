@@ -4,8 +4,9 @@
 
 use rusqlite::Connection;
 
+use crate::command::Stamped;
 use crate::error::{SqliteFailure, StoreError};
-use crate::outcome::Applied;
+use crate::state_machine::Grouped;
 
 /// How a writer begins a transaction. Deferred, not IMMEDIATE: the
 /// persistent database's writers take turns (the store's write turn), so
@@ -30,55 +31,46 @@ fn batch_sql(conn: &Connection, sql: &str) -> Result<(), StoreError> {
     })
 }
 
-/// Applies `items` with `apply` in one transaction, each inside its own
-/// SAVEPOINT, and commits. An item whose result says `rolled_back` is
-/// rolled back alone and keeps its result; the others commit. An item that
-/// ends the whole transaction itself (ON CONFLICT ROLLBACK, an interrupted
-/// write) is excluded and the group applied again without it, which
-/// leaves the state one-by-one application would.
+/// Applies `items` with `machine` in one transaction on its connection,
+/// each inside its own SAVEPOINT, and commits. An item whose reply refuses
+/// it is rolled back alone and keeps its reply; the others commit. An item
+/// that ends the whole transaction itself (ON CONFLICT ROLLBACK, an
+/// interrupted write) is excluded and the group applied again without
+/// it, which leaves the state one-by-one application would.
 ///
-/// Returns `Err` only when the group as a whole failed (BEGIN, SAVEPOINT
-/// or COMMIT, or SQLite failing under an item, `StoreError::Failed`): then
+/// Replies cost memory until the group is answered
+/// ([`Grouped::reply_bytes`]): the group ends before the first item
+/// that would take the replies held past `budget` (that item is rolled
+/// back, not answered); the caller applies the rest as a new group. The
+/// first item always fits, so every call makes progress, and the replies
+/// held never exceed `budget` plus one item's own.
+///
+/// Returns the replies of a prefix of `items`, never empty unless `items`
+/// is; `Err` only when the group as a whole failed (BEGIN, SAVEPOINT or
+/// COMMIT, or the node failing under an item, `StoreError::Failed`): then
 /// nothing of it is applied.
-pub(crate) fn commit<T>(
-    conn: &Connection,
-    items: &[T],
-    mut apply: impl FnMut(&T) -> Result<Applied, StoreError>,
-) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-    commit_prefix(conn, items, usize::MAX, |item| apply(item).map(|a| (a, 0)))
-}
-
-/// [`commit`] for items whose results cost memory until the group is
-/// answered: `apply` also returns what an item's result costs. The group
-/// ends before the first item that would take the results held past
-/// `budget` (that item is rolled back, not answered); the caller applies
-/// the rest as a new group. The first item always fits, so every call
-/// makes progress, and the results held never exceed `budget` plus one
-/// item's own.
-///
-/// Returns the results of a prefix of `items`, never empty unless `items`
-/// is.
-pub(crate) fn commit_prefix<T>(
-    conn: &Connection,
-    items: &[T],
+pub(crate) fn commit<M: Grouped>(
+    machine: &M,
+    items: &[(&Stamped<M::Op>, &M::Bounds)],
     budget: usize,
-    mut apply: impl FnMut(&T) -> Result<(Applied, usize), StoreError>,
-) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-    // Items that ended the whole transaction, with their results and
-    // costs; they stay out of the retried group.
-    let mut excluded: Vec<Option<(Result<Applied, StoreError>, usize)>> =
+) -> Result<Vec<Result<M::Reply, StoreError>>, StoreError> {
+    let conn = machine.connection();
+    // Items that ended the whole transaction, with their replies; they
+    // stay out of the retried group.
+    let mut excluded: Vec<Option<Result<M::Reply, StoreError>>> =
         std::iter::repeat_with(|| None).take(items.len()).collect();
+    let cost = |r: &Result<M::Reply, StoreError>| r.as_ref().map_or(0, M::reply_bytes);
     'attempt: loop {
         batch_sql(conn, BEGIN_WRITE)?;
         let mut results = Vec::with_capacity(items.len());
         let mut held = 0usize;
-        for (i, item) in items.iter().enumerate() {
+        for (i, (item, bounds)) in items.iter().enumerate() {
             let fits = |cost: usize| held == 0 || held.saturating_add(cost) <= budget;
-            if let Some((r, cost)) = &excluded[i] {
-                if !fits(*cost) {
+            if let Some(r) = &excluded[i] {
+                if !fits(cost(r)) {
                     break;
                 }
-                held = held.saturating_add(*cost);
+                held = held.saturating_add(cost(r));
                 results.push(match r {
                     Ok(a) => Ok(a.clone()),
                     Err(e) => Err(e.duplicate()),
@@ -86,7 +78,7 @@ pub(crate) fn commit_prefix<T>(
                 continue;
             }
             batch_sql(conn, "SAVEPOINT tablix_command")?;
-            let r = apply(item);
+            let r = machine.apply(item.stamp, &item.command, bounds);
             if let Err(e @ StoreError::Failed(_)) = r {
                 // The node failed, not the item: no item of the group is
                 // answered as if it had been applied or refused.
@@ -95,24 +87,17 @@ pub(crate) fn commit_prefix<T>(
                 }
                 return Err(e);
             }
-            let cost = r.as_ref().map_or(0, |(_, cost)| *cost);
             if conn.is_autocommit() {
-                let r = r.map(|(mut a, _)| {
-                    a.rolled_back = true;
-                    a
-                });
-                excluded[i] = Some((r, cost));
+                excluded[i] = Some(r.map(M::ended));
                 continue 'attempt;
             }
-            if !fits(cost) {
+            if !fits(cost(&r)) {
                 batch_sql(conn, "ROLLBACK TO tablix_command")?;
                 batch_sql(conn, "RELEASE tablix_command")?;
                 break;
             }
-            held = held.saturating_add(cost);
-            let r = r.map(|(a, _)| a);
-            let failed = r.as_ref().map_or(true, |a| a.rolled_back);
-            if failed {
+            held = held.saturating_add(cost(&r));
+            if r.as_ref().map_or(true, M::refused) {
                 batch_sql(conn, "ROLLBACK TO tablix_command")?;
             }
             batch_sql(conn, "RELEASE tablix_command")?;
@@ -128,34 +113,82 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// One Command of the test: statements, and whether they are one
-    /// transaction (the first error rolls the Command back).
-    type Item = (Vec<String>, bool);
+    use crate::command::Stamp;
+    use crate::state_machine::StateMachine;
 
-    fn apply_one(conn: &Connection, item: &Item) -> Result<Applied, StoreError> {
-        let mut a = Applied::default();
-        for sql in &item.0 {
-            let failed = conn.execute_batch(sql).is_err();
-            if failed && item.1 {
-                a.rolled_back = true;
-                break;
-            }
-            if conn.is_autocommit() {
-                a.rolled_back = true;
-                break;
-            }
+    /// One Command of the test: statements, whether they are one
+    /// transaction (the first error rolls the Command back), and what its
+    /// reply costs.
+    type Item = (Vec<String>, bool, usize);
+
+    /// A state machine of plain SQL on one table; its reply is whether
+    /// the Command was rolled back, and its cost.
+    struct Machine(Connection);
+
+    impl StateMachine for Machine {
+        type Op = Item;
+        type Reply = (bool, usize);
+        type Bounds = ();
+
+        fn connection(&self) -> &Connection {
+            &self.0
         }
-        Ok(a)
+
+        fn apply(&self, _: Stamp, item: &Item, _: &()) -> Result<(bool, usize), StoreError> {
+            for sql in &item.0 {
+                let failed = self.0.execute_batch(sql).is_err();
+                if (failed && item.1) || self.0.is_autocommit() {
+                    return Ok((true, item.2));
+                }
+            }
+            Ok((false, item.2))
+        }
+
+        fn refused(reply: &(bool, usize)) -> bool {
+            reply.0
+        }
     }
 
-    fn table() -> Connection {
+    impl Grouped for Machine {
+        fn ended(reply: (bool, usize)) -> (bool, usize) {
+            (true, reply.1)
+        }
+
+        fn reply_bytes(reply: &(bool, usize)) -> usize {
+            reply.1
+        }
+    }
+
+    fn table() -> Machine {
         let c = Connection::open_in_memory().expect("memory db");
         c.execute_batch("CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT UNIQUE)")
             .expect("table");
-        c
+        Machine(c)
     }
 
-    fn dump(c: &Connection) -> Vec<(i64, Option<String>)> {
+    fn stamped(items: &[Item]) -> Vec<Stamped<Item>> {
+        let stamp = Stamp {
+            unix_nanos: 0,
+            seed: 0,
+        };
+        items
+            .iter()
+            .map(|i| Stamped::new(stamp, i.clone()))
+            .collect()
+    }
+
+    /// Applies `items` as one group within `budget`.
+    fn group(
+        m: &Machine,
+        items: &[Stamped<Item>],
+        budget: usize,
+    ) -> Vec<Result<(bool, usize), StoreError>> {
+        let refs: Vec<(&Stamped<Item>, &())> = items.iter().map(|i| (i, &())).collect();
+        commit(m, &refs, budget).expect("group")
+    }
+
+    fn dump(m: &Machine) -> Vec<(i64, Option<String>)> {
+        let c = &m.0;
         let mut st = c.prepare("SELECT k, v FROM t ORDER BY k").expect("select");
         st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
             .expect("rows")
@@ -177,6 +210,11 @@ mod tests {
         ]
     }
 
+    /// The per-Command outcomes of replies, comparable across runs.
+    fn view(r: &Result<(bool, usize), StoreError>) -> Result<bool, String> {
+        r.as_ref().map(|a| a.0).map_err(|e| e.to_string())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
         /// Group commit (any grouping) ends in the same state, with the
@@ -184,29 +222,29 @@ mod tests {
         /// also when a statement ends the whole transaction.
         #[test]
         fn group_commit_matches_one_by_one(
-            items in prop::collection::vec((prop::collection::vec(statement(), 1..4), any::<bool>()), 1..24),
+            items in prop::collection::vec((prop::collection::vec(statement(), 1..4), any::<bool>(), Just(0usize)), 1..24),
             cut in prop::collection::vec(1usize..8, 1..8),
         ) {
+            let items = stamped(&items);
             let grouped = table();
             let single = table();
             let mut g = Vec::new();
-            let mut rest: &[Item] = &items;
+            let mut rest: &[Stamped<Item>] = &items;
             let mut sizes = cut.iter().cycle();
             while !rest.is_empty() {
                 let n = sizes.next().copied().unwrap_or(1).min(rest.len());
-                g.extend(commit(&grouped, &rest[..n], |i| apply_one(&grouped, i)).expect("group"));
+                g.extend(group(&grouped, &rest[..n], usize::MAX));
                 rest = &rest[n..];
             }
             let mut s = Vec::new();
             for i in &items {
-                s.extend(commit(&single, std::slice::from_ref(i), |i| apply_one(&single, i)).expect("single"));
+                s.extend(group(&single, std::slice::from_ref(i), usize::MAX));
             }
-            let view = |r: &Result<Applied, StoreError>| r.as_ref().map(|a| a.rolled_back).map_err(|e| e.to_string());
             prop_assert_eq!(g.iter().map(view).collect::<Vec<_>>(), s.iter().map(view).collect::<Vec<_>>());
             prop_assert_eq!(dump(&grouped), dump(&single));
         }
 
-        /// A group that ends early where results outgrow the budget, the
+        /// A group that ends early where replies outgrow the budget, the
         /// rest applied as following groups, still ends as one-by-one
         /// application does; every group makes progress and holds at most
         /// the budget plus one item's cost.
@@ -218,18 +256,17 @@ mod tests {
             ),
             budget in 0usize..20,
         ) {
+            let items = stamped(&items);
             let grouped = table();
             let single = table();
             let mut g = Vec::new();
-            let mut rest: &[(Vec<String>, bool, usize)] = &items;
+            let mut rest: &[Stamped<Item>] = &items;
             while !rest.is_empty() {
                 let mut held = 0usize;
-                let results = commit_prefix(&grouped, rest, budget, |(sql, tx, cost)| {
-                    apply_one(&grouped, &(sql.clone(), *tx)).map(|a| (a, *cost))
-                })
-                .expect("group");
+                let results = group(&grouped, rest, budget);
                 prop_assert!(!results.is_empty(), "a group made no progress");
-                for (_, _, cost) in &rest[..results.len()] {
+                for item in &rest[..results.len()] {
+                    let cost = item.command.2;
                     prop_assert!(held == 0 || held + cost <= budget, "group held more than its budget");
                     held += cost;
                 }
@@ -237,11 +274,9 @@ mod tests {
                 g.extend(results);
             }
             let mut s = Vec::new();
-            for (sql, tx, _) in &items {
-                let item = (sql.clone(), *tx);
-                s.extend(commit(&single, std::slice::from_ref(&item), |i| apply_one(&single, i)).expect("single"));
+            for i in &items {
+                s.extend(group(&single, std::slice::from_ref(i), usize::MAX));
             }
-            let view = |r: &Result<Applied, StoreError>| r.as_ref().map(|a| a.rolled_back).map_err(|e| e.to_string());
             prop_assert_eq!(g.iter().map(view).collect::<Vec<_>>(), s.iter().map(view).collect::<Vec<_>>());
             prop_assert_eq!(dump(&grouped), dump(&single));
         }

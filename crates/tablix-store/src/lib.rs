@@ -1,6 +1,9 @@
 //! The tablix store: every piece of state tablix keeps lives in SQLite
 //! databases owned by this crate, and the only way to change that state is a
-//! [`Command`] applied by [`Store`].
+//! Command applied by [`Store`]: a [`ReplicatedCommand`] (user SQL, a
+//! file-system operation) for the persistent database, or a node-local one
+//! (the daemon record, a pipe operation, process events) for the memory
+//! database. Each domain is a state machine (`state_machine.rs`).
 //!
 //! * a persistent database (`DATA/tablix.db`, WAL) for files and user tables,
 //!   and a memory database attached as `mem` for volatile state (the daemon
@@ -36,6 +39,7 @@ mod schema;
 mod sql_writer;
 mod sqltext;
 mod stamp;
+mod state_machine;
 mod stats;
 mod store;
 mod volatile;
@@ -43,14 +47,16 @@ mod wal;
 mod writer;
 
 pub use budget::{Cancel, Limits};
-pub use command::{Command, DaemonRecord, Params, Stamp, Stamped, Statement, Value};
+pub use command::{
+    DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,
+};
 pub use config::{
     DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT, DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT,
     DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
 };
 pub use error::{SqliteFailure, StoreError};
 pub use exec::{Cell, Sink, Stop};
-pub use outcome::{Applied, Rows, StatementOutcome, StatementResult};
+pub use outcome::{FsResult, PipeResult, Rows, SqlReply, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
 pub use principal::{MAY_EXEC, MAY_READ, MAY_WRITE, Principal};
 pub use read_conn::ReadConn;

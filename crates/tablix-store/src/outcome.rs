@@ -36,24 +36,29 @@ pub struct StatementOutcome {
     pub seconds: f64,
 }
 
-/// What an applied Command returns.
+/// What applying user SQL (`SqlCommand`) returns.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Applied {
-    /// One entry per statement that ran (for `Command::Sql`); a transaction
-    /// stops at its first error.
+pub struct SqlReply {
+    /// One entry per statement that ran; a transaction stops at its first
+    /// error.
     pub statements: Vec<StatementOutcome>,
     /// The Command's changes were rolled back (a transaction hit an error,
-    /// or a file-system operation failed).
+    /// a statement ended the transaction, or the results outgrew their
+    /// bound).
     pub rolled_back: bool,
-    /// What a `Command::Fs` returned.
-    pub fs: Option<Result<tablix_fs::FsReply, tablix_fs::Errno>>,
-    /// What a `Command::Pipe` returned.
-    pub pipe: Option<Result<tablix_pipe::PipeReply, tablix_pipe::PipeError>>,
 }
 
-impl Applied {
+impl SqlReply {
     /// The results without timings, for comparing two runs.
     pub fn results(&self) -> Vec<StatementResult> {
         self.statements.iter().map(|s| s.result.clone()).collect()
     }
 }
+
+/// What applying a file-system operation returns: its reply, or the errno
+/// that refused it (and rolled its changes back).
+pub type FsResult = Result<tablix_fs::FsReply, tablix_fs::Errno>;
+
+/// What applying a pipe operation returns: its reply, or the error that
+/// refused it (and rolled its changes back).
+pub type PipeResult = Result<tablix_pipe::PipeReply, tablix_pipe::PipeError>;

@@ -39,17 +39,9 @@ fn migrations() -> Vec<(u32, &'static str)> {
     all
 }
 
-/// The system tables checked at every start, when they exist: small next
-/// to the data blocks and user tables, which `tablix fsck` checks whole
-/// (the block sums are 20 bytes per 64 KiB block).
-const QUICK_CHECKED: &[&str] = &[
-    "tablix_meta",
-    "tablix_inode",
-    "tablix_dirent",
-    "tablix_symlink",
-    "tablix_xattr",
-    "tablix_block_sum",
-];
+/// The tables checked at every start, when they exist: the store's own
+/// and each domain's (see `tablix_fs::schema::QUICK_CHECKED`).
+const QUICK_CHECKED: &[&[&str]] = &[&["tablix_meta"], tablix_fs::schema::QUICK_CHECKED];
 
 /// Refuses a database whose header, schema or system tables are damaged,
 /// before anything writes to it.
@@ -78,6 +70,7 @@ pub(crate) fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreErr
     })?;
     for table in QUICK_CHECKED
         .iter()
+        .flat_map(|d| d.iter())
         .filter(|t| tables.iter().any(|n| n == *t))
     {
         let found: Vec<String> = (|| {

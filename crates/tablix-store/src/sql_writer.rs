@@ -1,14 +1,17 @@
-//! The writer of user SQL: `Command::Sql` in groups, on a sandboxed
+//! The writer of user SQL: `SqlCommand`s in groups, on a sandboxed
 //! connection of its own, so that a user's write never occupies the file
 //! system's connection (whose reads the mount needs in async mode).
 
+use rusqlite::Connection;
+
 use crate::budget::Limits;
-use crate::command::{Command, Stamped};
+use crate::command::{SqlCommand, Stamp, Stamped};
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Stop};
 use crate::group;
-use crate::outcome::Applied;
+use crate::outcome::{SqlReply, StatementOutcome, StatementResult};
 use crate::sandbox::UserConn;
+use crate::state_machine::{Grouped, StateMachine};
 use crate::volatile::MemImage;
 
 pub(crate) struct SqlWriter {
@@ -23,44 +26,53 @@ impl SqlWriter {
 
     /// Applies user SQL Commands as one group commit, ending the group
     /// early when the results it holds would pass `budget` bytes (see
-    /// [`group::commit_prefix`]): returns the results of a prefix.
+    /// [`group::commit`]): returns the replies of a prefix.
     pub(crate) fn apply_group(
         &self,
-        items: &[(&Stamped, &Limits)],
+        items: &[(&Stamped<SqlCommand>, &Limits)],
         budget: usize,
-    ) -> Result<Vec<Result<Applied, StoreError>>, StoreError> {
-        group::commit_prefix(&self.uc.conn, items, budget, |(item, limits)| {
-            self.apply(item, limits)
-        })
+    ) -> Result<Vec<Result<Held, StoreError>>, StoreError> {
+        group::commit(self, items, budget)
+    }
+}
+
+/// A reply of user SQL and the bytes its results hold until answered.
+#[derive(Clone)]
+pub(crate) struct Held {
+    pub(crate) reply: SqlReply,
+    pub(crate) bytes: usize,
+}
+
+/// User SQL's domain: the statements, on the sandboxed writer connection,
+/// as their principal, within the proposer's limits.
+impl StateMachine for SqlWriter {
+    type Op = SqlCommand;
+    type Reply = Held;
+    type Bounds = Limits;
+
+    fn connection(&self) -> &Connection {
+        &self.uc.conn
     }
 
-    /// Applies one Command; also returns the bytes its results hold.
-    fn apply(&self, item: &Stamped, limits: &Limits) -> Result<(Applied, usize), StoreError> {
-        let Command::Sql {
+    fn apply(&self, stamp: Stamp, op: &SqlCommand, limits: &Limits) -> Result<Held, StoreError> {
+        let SqlCommand {
             statements,
             transaction,
             principal,
-        } = &item.command
-        else {
-            return Err(StoreError::Apply(format!(
-                "{} reached the SQL writer",
-                item.command.kind()
-            )));
-        };
+        } = op;
         if limits.cancel.is_cancelled() {
-            let applied = Applied {
+            let reply = SqlReply {
                 rolled_back: true,
-                statements: vec![crate::outcome::StatementOutcome {
-                    result: crate::outcome::StatementResult::Error(
+                statements: vec![StatementOutcome {
+                    result: StatementResult::Error(
                         "statement cancelled: the client went away before it ran".into(),
                     ),
                     seconds: 0.0,
                 }],
-                ..Applied::default()
             };
-            return Ok((applied, 0));
+            return Ok(Held { reply, bytes: 0 });
         }
-        self.uc.set_stamp(item.stamp);
+        self.uc.set_stamp(stamp);
         let _running = self.uc.begin(principal, limits);
         let mut sink = Collect::new(limits.max_result_bytes);
         let mut rolled_back = false;
@@ -88,12 +100,26 @@ impl SqlWriter {
                 Err(Stop::Failed(f)) => return Err(StoreError::Failed(f)),
             }
         }
-        let cost = sink.used();
-        let applied = Applied {
+        let bytes = sink.used();
+        let reply = SqlReply {
             statements: sink.outcomes,
             rolled_back,
-            ..Applied::default()
         };
-        Ok((applied, cost))
+        Ok(Held { reply, bytes })
+    }
+
+    fn refused(held: &Held) -> bool {
+        held.reply.rolled_back
+    }
+}
+
+impl Grouped for SqlWriter {
+    fn ended(mut held: Held) -> Held {
+        held.reply.rolled_back = true;
+        held
+    }
+
+    fn reply_bytes(held: &Held) -> usize {
+        held.bytes
     }
 }

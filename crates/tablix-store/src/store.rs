@@ -13,20 +13,25 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::budget::{Limits, Watchdog};
-use crate::command::{Command, Stamp, Stamped, Statement};
+use tablix_fs::FsOp;
+use tablix_pipe::PipeOp;
+use tablix_proc::ProcOp;
+
+use crate::command::{DaemonRecord, SqlCommand, Stamp, Stamped, Statement};
 use crate::config::StoreConfig;
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Sink};
 use crate::fs_writer::FsWriter;
 use crate::lock::DirLock;
-use crate::outcome::{Applied, StatementOutcome};
+use crate::outcome::{FsResult, PipeResult, SqlReply, StatementOutcome};
 use crate::principal::Principal;
 use crate::read_conn::ReadConn;
 use crate::readers::{self, Pool};
 use crate::sandbox::{ProcVisibility, Role, Setup, UserConn};
 use crate::sql_writer::SqlWriter;
+use crate::state_machine::Proposal;
 use crate::stats::{Counters, StoreStats};
-use crate::volatile::Volatile;
+use crate::volatile::{self, DaemonRecords, Pipes, Processes, Volatile};
 use crate::wal::WalFile;
 use crate::writer::{Request, Writer};
 
@@ -212,39 +217,70 @@ impl Store {
         }
     }
 
-    /// Queues a Command for the writer; SQL runs within the configured
-    /// write limits. The ticket resolves once the group it joined has
-    /// committed at the configured durability.
-    pub fn submit(&self, stamped: Stamped) -> Ticket<Applied> {
-        self.submit_limited(stamped, self.config.write_limits())
-    }
-
-    /// [`Store::submit`], with a request's own bounds for its SQL.
-    pub fn submit_limited(&self, stamped: Stamped, limits: Limits) -> Ticket<Applied> {
-        if stamped.command.is_volatile() {
-            return Ticket::ready(self.apply_volatile(&stamped));
-        }
+    /// Queues user SQL for the writer, to run within `limits` (see
+    /// [`StoreConfig::write_limits`] for the configured ones). The ticket
+    /// resolves once the group it joined has committed at the configured
+    /// durability.
+    pub fn submit_sql(&self, stamped: Stamped<SqlCommand>, limits: Limits) -> Ticket<SqlReply> {
         let (reply, rx) = oneshot::channel();
-        match self.send(Request::Apply(Box::new(stamped), limits, reply)) {
+        match self.send(Request::Apply(Proposal::Sql(
+            Box::new(stamped),
+            limits,
+            reply,
+        ))) {
             Ok(()) => Ticket { rx },
             Err(e) => Ticket::ready(Err(e)),
         }
     }
 
-    /// Applies a Command and waits for it.
-    pub fn apply(&self, stamp: Stamp, command: Command) -> Result<Applied, StoreError> {
-        let stamped = Stamped::new(stamp, command);
-        if stamped.command.is_volatile() {
-            return self.apply_volatile(&stamped);
-        }
-        self.submit(stamped).wait()
+    /// Applies user SQL within the configured write limits and waits for it.
+    pub fn apply_sql(&self, stamp: Stamp, command: SqlCommand) -> Result<SqlReply, StoreError> {
+        self.submit_sql(Stamped::new(stamp, command), self.config.write_limits())
+            .wait()
     }
 
-    /// Applies a Command of the memory database at once, on this thread,
-    /// in its own transaction (see `volatile.rs`).
-    fn apply_volatile(&self, stamped: &Stamped) -> Result<Applied, StoreError> {
+    /// Queues a file-system operation for the writer's group commit; the
+    /// ticket resolves once its group has committed at the configured
+    /// durability.
+    pub fn submit_fs(&self, stamped: Stamped<FsOp>) -> Ticket<FsResult> {
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Apply(Proposal::Fs(Box::new(stamped), reply))) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
+    }
+
+    /// Applies a file-system operation through the writer's group commit
+    /// and waits for it, whatever the mode.
+    pub fn apply_fs(&self, stamp: Stamp, op: FsOp) -> Result<FsResult, StoreError> {
+        self.submit_fs(Stamped::new(stamp, op)).wait()
+    }
+
+    /// Records the daemon that owns the data directory (node-local).
+    pub fn set_daemon(&self, stamp: Stamp, record: &DaemonRecord) -> Result<(), StoreError> {
+        self.local(|c| volatile::apply_alone(&DaemonRecords(c), stamp, record))
+    }
+
+    /// Applies a pipe operation (node-local) at once, on this thread.
+    pub fn apply_pipe(&self, stamp: Stamp, op: &PipeOp) -> Result<PipeResult, StoreError> {
+        self.local(|c| volatile::apply_alone(&Pipes(c), stamp, op))
+    }
+
+    /// Applies a batch of process events (node-local) at once, on this
+    /// thread.
+    pub fn apply_proc(&self, stamp: Stamp, op: &ProcOp) -> Result<(), StoreError> {
+        self.local(|c| volatile::apply_alone(&Processes(c), stamp, op))
+    }
+
+    /// A node-local Command of the memory database, applied at once on
+    /// this thread in its own transaction (see `volatile.rs`): never
+    /// logged, synced or replicated.
+    fn local<R>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         Counters::add(&self.counters.commands, 1);
-        self.volatile.apply(stamped)
+        self.volatile.write(f)
     }
 
     /// Runs tablix's own read-only SQL on the memory database (as `main`),
@@ -254,23 +290,23 @@ impl Store {
         self.volatile.read(f)
     }
 
-    /// Applies a file-system operation. In sync mode this is [`Store::apply`]
-    /// (group commit, durable on return). In async mode it runs at once on
-    /// the caller's thread inside a transaction that stays open, so that a
-    /// stream of small operations pays for neither a thread hand-off nor a
-    /// commit each; the writer commits and syncs it within the flush
-    /// interval, and [`Store::flush`] forces that. Use
-    /// [`Store::read_latest`] to read what such operations wrote.
-    pub fn apply_fs_now(&self, stamp: Stamp, op: tablix_fs::FsOp) -> Result<Applied, StoreError> {
+    /// Applies a file-system operation. In sync mode this is
+    /// [`Store::apply_fs`] (group commit, durable on return). In async
+    /// mode it runs at once on the caller's thread inside a transaction
+    /// that stays open, so that a stream of small operations pays for
+    /// neither a thread hand-off nor a commit each; the writer commits and
+    /// syncs it within the flush interval, and [`Store::flush`] forces
+    /// that. Use [`Store::read_latest`] to read what such operations wrote.
+    pub fn apply_fs_now(&self, stamp: Stamp, op: FsOp) -> Result<FsResult, StoreError> {
         if self.config.durability == crate::config::Durability::Sync {
-            return self.apply(stamp, Command::Fs(op));
+            return self.apply_fs(stamp, op);
         }
         // The turn first, so that waiting for it never holds the
         // connection the mount's reads need.
         let turn = self.turn.lock().map_err(|_| StoreError::Closed)?;
         let mut fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
         let began = !fs.has_pending();
-        let r = fs.apply_pending(&Stamped::new(stamp, Command::Fs(op)));
+        let r = fs.apply_pending(&Stamped::new(stamp, op));
         drop(fs);
         drop(turn);
         Counters::add(&self.counters.commands, 1);

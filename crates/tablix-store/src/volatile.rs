@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags, params};
 
-use crate::command::{Command, DaemonRecord, Stamped};
+use crate::command::{DaemonRecord, Stamp};
 use crate::error::StoreError;
-use crate::outcome::Applied;
+use crate::outcome::PipeResult;
 use crate::read_conn::ReadConn;
 use crate::schema::MEMORY_SCHEMA;
+use crate::state_machine::StateMachine;
 
 pub(crate) struct Volatile {
     /// The database's name in the memory VFS.
@@ -50,12 +51,7 @@ impl Volatile {
         let vfs = tablix_vfs::register_mem_vfs().map_err(|e| StoreError::Open(e.to_string()))?;
         let uri = format!("file:{name}?vfs={vfs}");
         let writer = connect(&uri, Access::Writer)?;
-        write_txn(&writer, |c| {
-            c.execute_batch(MEMORY_SCHEMA)?;
-            c.execute_batch(tablix_pipe::schema::SCHEMA)?;
-            c.execute_batch(tablix_proc::schema::SCHEMA)
-        })
-        .map_err(StoreError::from)?;
+        create_schema(&writer)?;
         // An image is a serialized database; SQLite serializes a memdb
         // database without copying it page by page.
         let scratch = Connection::open_with_flags(
@@ -132,10 +128,15 @@ impl Volatile {
         }
     }
 
-    /// Applies a volatile Command in its own transaction.
-    pub(crate) fn apply(&self, item: &Stamped) -> Result<Applied, StoreError> {
+    /// Runs `f` on the one writer connection (applying node-local
+    /// Commands with [`apply_alone`]); every image made before is stale
+    /// afterwards.
+    pub(crate) fn write<R>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
         let conn = self.writer.lock().map_err(|_| StoreError::Closed)?;
-        let r = apply_on(&conn, item);
+        let r = f(&conn);
         self.generation.fetch_add(1, Ordering::AcqRel);
         r
     }
@@ -187,72 +188,47 @@ fn connect(uri: &str, access: Access) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-fn apply_on(conn: &Connection, item: &Stamped) -> Result<Applied, StoreError> {
-    match &item.command {
-        Command::SetDaemon(d) => {
-            write_txn(conn, |c| set_daemon(c, d, item.stamp.unix_nanos))?;
-            Ok(Applied::default())
-        }
-        Command::Pipe(op) => {
-            let mut reply = None;
-            let r = write_txn(conn, |c| {
-                let out = tablix_pipe::apply(c, item.stamp.unix_nanos, op);
-                let failed = out.is_err();
-                reply = Some(out);
-                if failed {
-                    // Roll the transaction back; the op's own error is
-                    // what the caller gets.
-                    Err(rusqlite::Error::StatementChangedRows(0))
-                } else {
-                    Ok(())
-                }
-            });
-            match (r, reply) {
-                (_, Some(Err(e))) => Ok(Applied {
-                    rolled_back: true,
-                    pipe: Some(Err(e)),
-                    ..Applied::default()
-                }),
-                (Ok(()), Some(ok)) => Ok(Applied {
-                    pipe: Some(ok),
-                    ..Applied::default()
-                }),
-                (Err(e), _) => Err(e.into()),
-                (Ok(()), None) => Err(StoreError::Apply("pipe operation did not run".into())),
-            }
-        }
-        Command::Proc(op) => {
-            write_txn(conn, |c| tablix_proc::apply(c, op))?;
-            Ok(Applied::default())
-        }
-        Command::Sql { .. } | Command::Fs(_) => Err(StoreError::Apply(
-            "not a Command of the memory database".into(),
-        )),
+/// Applies one node-local Command in its own transaction on the memory
+/// database: the write gate, then BEGIN IMMEDIATE, then COMMIT, or
+/// ROLLBACK when the reply refuses the Command or the node fails under it.
+pub(crate) fn apply_alone<M: StateMachine<Bounds = ()>>(
+    machine: &M,
+    stamp: Stamp,
+    op: &M::Op,
+) -> Result<M::Reply, StoreError> {
+    let conn = machine.connection();
+    let _intent = write_intent(conn)?;
+    crate::group::control(conn, "BEGIN IMMEDIATE")?;
+    let r = machine.apply(stamp, op, &());
+    if r.as_ref().map_or(true, M::refused) {
+        rollback(conn);
+        return r;
     }
+    if let Err(e) = crate::group::control(conn, "COMMIT") {
+        rollback(conn);
+        return Err(e.into());
+    }
+    r
 }
 
-/// Runs `f` in one write transaction: the gate, then BEGIN IMMEDIATE, then
-/// COMMIT (or ROLLBACK when `f` fails).
-fn write_txn(
-    conn: &Connection,
-    f: impl FnOnce(&Connection) -> rusqlite::Result<()>,
-) -> rusqlite::Result<()> {
-    let _intent = tablix_vfs::write_intent(conn, "main")
-        .map_err(|rc| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None))?;
-    conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-    match f(conn) {
-        Ok(()) => match conn.prepare_cached("COMMIT")?.execute([]) {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                rollback(conn);
-                Err(e)
-            }
-        },
-        Err(e) => {
-            rollback(conn);
-            Err(e)
-        }
+fn write_intent(conn: &Connection) -> rusqlite::Result<tablix_vfs::WriteIntent<'_>> {
+    tablix_vfs::write_intent(conn, "main")
+        .map_err(|rc| rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rc), None))
+}
+
+/// Creates the schema in one write transaction.
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    let _intent = write_intent(conn)?;
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let r = conn
+        .execute_batch(MEMORY_SCHEMA)
+        .and_then(|_| conn.execute_batch(tablix_pipe::schema::SCHEMA))
+        .and_then(|_| conn.execute_batch(tablix_proc::schema::SCHEMA))
+        .and_then(|_| conn.execute_batch("COMMIT"));
+    if r.is_err() {
+        rollback(conn);
     }
+    r
 }
 
 fn rollback(conn: &Connection) {
@@ -263,21 +239,87 @@ fn rollback(conn: &Connection) {
     }
 }
 
-fn set_daemon(conn: &Connection, d: &DaemonRecord, now_ns: i64) -> rusqlite::Result<()> {
-    conn.prepare_cached("DELETE FROM daemon")?.execute([])?;
-    conn.prepare_cached(
-        "INSERT INTO daemon(pid, http_addr, data_dir, mode, version, started_ns)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        d.pid,
-        d.http_addr,
-        d.data_dir,
-        d.mode,
-        d.version,
-        now_ns
-    ])?;
-    Ok(())
+/// The daemon record's domain: one row, replaced by each `SetDaemon`.
+pub(crate) struct DaemonRecords<'c>(pub(crate) &'c Connection);
+
+impl StateMachine for DaemonRecords<'_> {
+    type Op = DaemonRecord;
+    type Reply = ();
+    type Bounds = ();
+
+    fn connection(&self) -> &Connection {
+        self.0
+    }
+
+    fn apply(&self, stamp: Stamp, d: &DaemonRecord, _: &()) -> Result<(), StoreError> {
+        self.0.prepare_cached("DELETE FROM daemon")?.execute([])?;
+        self.0
+            .prepare_cached(
+                "INSERT INTO daemon(pid, http_addr, data_dir, mode, version, started_ns)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                d.pid,
+                d.http_addr,
+                d.data_dir,
+                d.mode,
+                d.version,
+                stamp.unix_nanos
+            ])?;
+        Ok(())
+    }
+
+    fn refused(_: &()) -> bool {
+        false
+    }
+}
+
+/// The pipes' domain (tablix-pipe): a refused operation's error is its
+/// reply, and its changes are rolled back.
+pub(crate) struct Pipes<'c>(pub(crate) &'c Connection);
+
+impl StateMachine for Pipes<'_> {
+    type Op = tablix_pipe::PipeOp;
+    type Reply = PipeResult;
+    type Bounds = ();
+
+    fn connection(&self) -> &Connection {
+        self.0
+    }
+
+    fn apply(
+        &self,
+        stamp: Stamp,
+        op: &tablix_pipe::PipeOp,
+        _: &(),
+    ) -> Result<PipeResult, StoreError> {
+        Ok(tablix_pipe::apply(self.0, stamp.unix_nanos, op))
+    }
+
+    fn refused(reply: &PipeResult) -> bool {
+        reply.is_err()
+    }
+}
+
+/// The process table's domain (tablix-proc): batches of process events.
+pub(crate) struct Processes<'c>(pub(crate) &'c Connection);
+
+impl StateMachine for Processes<'_> {
+    type Op = tablix_proc::ProcOp;
+    type Reply = ();
+    type Bounds = ();
+
+    fn connection(&self) -> &Connection {
+        self.0
+    }
+
+    fn apply(&self, _: Stamp, op: &tablix_proc::ProcOp, _: &()) -> Result<(), StoreError> {
+        Ok(tablix_proc::apply(self.0, op)?)
+    }
+
+    fn refused(_: &()) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::budget::Limits;
-use crate::command::{Command, Stamped};
+use crate::command::{SqlCommand, Stamped};
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
 use crate::fs_writer::FsWriter;
-use crate::outcome::Applied;
-use crate::sql_writer::SqlWriter;
+use crate::outcome::SqlReply;
+use crate::sql_writer::{Held, SqlWriter};
+use crate::state_machine::{Dispatch, Proposal, Reply};
 use crate::stats::Counters;
 use crate::volatile::Volatile;
 use crate::wal::WalFile;
@@ -29,11 +30,9 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// How often an oversized WAL is tried again while readers hold it.
 const WAL_RETRY: Duration = Duration::from_secs(1);
 
-/// Where the writer sends a Command's result.
-pub(crate) type Reply = oneshot::Sender<Result<Applied, StoreError>>;
-
 pub(crate) enum Request {
-    Apply(Box<Stamped>, Limits, Reply),
+    /// A replicated Command to apply.
+    Apply(Proposal),
     /// Make every Command acknowledged so far durable (fsync).
     Flush(oneshot::Sender<Result<(), StoreError>>),
     /// A pending transaction was opened by `Store::apply_fs_now`: commit it
@@ -55,7 +54,11 @@ pub(crate) struct Writer {
     pub(crate) wal: WalFile,
 }
 
-type Item = (Box<Stamped>, Limits, Reply);
+type FsItem = (
+    Box<Stamped<tablix_fs::FsOp>>,
+    Reply<crate::outcome::FsResult>,
+);
+type SqlItem = (Box<Stamped<SqlCommand>>, Limits, Reply<SqlReply>);
 
 impl Writer {
     /// Serves requests until every sender is gone, then flushes and
@@ -87,14 +90,12 @@ impl Writer {
             };
             match got {
                 Ok(first) => {
-                    let mut applies: Vec<Item> = Vec::new();
+                    let mut applies = Dispatch::default();
                     let mut next = Some(first);
                     let mut pending = false;
                     while let Some(r) = next.take() {
                         match r {
-                            Request::Apply(cmd, limits, reply) => {
-                                applies.push((cmd, limits, reply))
-                            }
+                            Request::Apply(p) => applies.push(p),
                             Request::Flush(reply) => flushes.push(reply),
                             Request::Pending => pending = true,
                         }
@@ -165,30 +166,24 @@ impl Writer {
     /// together were submitted concurrently (a submitter waits for its
     /// answer), so no submitter sees its own Commands reordered; and a file
     /// operation never waits for user writes that queued beside it.
-    fn commit_runs(&mut self, applies: Vec<Item>) {
-        let (fs, sql): (Vec<Item>, Vec<Item>) = applies
-            .into_iter()
-            .partition(|(c, _, _)| matches!(c.command, Command::Fs(_)));
-        if !fs.is_empty() {
-            self.commit_fs(fs);
+    fn commit_runs(&mut self, applies: Dispatch) {
+        if !applies.fs.is_empty() {
+            self.commit_fs(applies.fs);
         }
-        if !sql.is_empty() {
-            self.commit_sql(sql);
+        if !applies.sql.is_empty() {
+            self.commit_sql(applies.sql);
         }
     }
 
-    fn fail_all(&self, group: Vec<Item>, e: &StoreError) {
-        for (_, _, reply) in group {
-            let _ = reply.send(Err(e.duplicate()));
-        }
-    }
-
-    fn answer(
+    /// Answers a group's proposers with its replies (or its failure).
+    fn answer<T, R>(
         &self,
-        group: Vec<Item>,
-        results: Result<Vec<Result<Applied, StoreError>>, StoreError>,
+        replies: Vec<Reply<T>>,
+        results: Result<Vec<Result<R, StoreError>>, StoreError>,
+        reply_of: impl Fn(R) -> T,
+        refused: impl Fn(&T) -> bool,
     ) {
-        let n = group.len() as u64;
+        let n = replies.len() as u64;
         Counters::add(&self.counters.batches, 1);
         self.counters
             .largest_batch
@@ -196,8 +191,9 @@ impl Writer {
         match results {
             Ok(results) => {
                 Counters::add(&self.counters.commands, n);
-                for ((_, _, reply), result) in group.into_iter().zip(results) {
-                    if result.as_ref().map_or(true, |a| a.rolled_back) {
+                for (reply, result) in replies.into_iter().zip(results) {
+                    let result = result.map(&reply_of);
+                    if result.as_ref().map_or(true, &refused) {
                         Counters::add(&self.counters.failed_commands, 1);
                     }
                     let _ = reply.send(result);
@@ -206,33 +202,37 @@ impl Writer {
             Err(e) => {
                 Counters::add(&self.counters.failed_commits, 1);
                 tracing::error!("group commit of {n} commands failed: {e}");
-                self.fail_all(group, &e);
+                for reply in replies {
+                    let _ = reply.send(Err(e.duplicate()));
+                }
             }
         }
     }
 
-    fn commit_fs(&self, group: Vec<Item>) {
+    fn commit_fs(&self, group: Vec<FsItem>) {
         let r = (|| {
             let _turn = self.turn()?;
             let mut fs = self.fs()?;
             // Acknowledged async-mode operations commit first; if that
             // fails they stay pending, untouched, and this group waits.
             fs.commit_pending()?;
-            let items: Vec<&Stamped> = group.iter().map(|(c, _, _)| c.as_ref()).collect();
+            let items: Vec<&Stamped<tablix_fs::FsOp>> =
+                group.iter().map(|(c, _)| c.as_ref()).collect();
             fs.apply_group(&items)
         })();
-        self.answer(group, r);
+        let replies = group.into_iter().map(|(_, reply)| reply).collect();
+        self.answer(replies, r, |reply| reply, Result::is_err);
     }
 
-    fn commit_sql(&mut self, group: Vec<Item>) {
+    fn commit_sql(&mut self, group: Vec<SqlItem>) {
         // A fresh image of the memory database when a Command reads it;
         // outside any transaction.
         let rules = self.sql.uc.policy.rules();
-        let reads_memory = group.iter().any(|(c, _, _)| match &c.command {
-            Command::Sql { statements, .. } => {
-                statements.iter().any(|s| rules.mentions_memory(&s.sql))
-            }
-            _ => false,
+        let reads_memory = group.iter().any(|(c, _, _)| {
+            c.command
+                .statements
+                .iter()
+                .any(|s| rules.mentions_memory(&s.sql))
         });
         if reads_memory
             && self.volatile.generation() != self.sql.uc.mem_generation()
@@ -251,7 +251,7 @@ impl Writer {
             let r = (|| {
                 let _turn = self.turn()?;
                 self.fs()?.commit_pending()?;
-                let items: Vec<(&Stamped, &Limits)> =
+                let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
                     rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
                 self.sql.apply_group(&items, self.config.max_result_bytes)
             })();
@@ -260,7 +260,16 @@ impl Writer {
                 Err(_) => rest.len(),
             };
             let later = rest.split_off(done.min(rest.len()));
-            self.answer(std::mem::replace(&mut rest, later), r);
+            let replies = std::mem::replace(&mut rest, later)
+                .into_iter()
+                .map(|(_, _, reply)| reply)
+                .collect();
+            self.answer(
+                replies,
+                r,
+                |held: Held| held.reply,
+                |a: &SqlReply| a.rolled_back,
+            );
         }
     }
 

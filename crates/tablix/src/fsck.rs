@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use rusqlite::{Connection, OpenFlags};
 use tablix_fs::check::{Options, Report};
 use tablix_fs::{FsOp, FsReply};
-use tablix_store::{Command, Stamp, Store, StoreConfig, StoreError};
+use tablix_store::{Stamp, Store, StoreConfig, StoreError};
 
 use crate::cli::FsckArgs;
 use crate::discovery;
@@ -189,19 +189,19 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
         e => anyhow::Error::from(e).context(format!("opening {}", data.display())),
     })?;
     let applied = store
-        .apply(
+        .apply_fs(
             Stamp::now(),
-            Command::Fs(FsOp::Check {
+            FsOp::Check {
                 repair: true,
                 verify_data: false,
-            }),
+            },
         )
         .context("repairing")?;
     store.close()?;
-    let repaired = match applied.fs {
-        Some(Ok(FsReply::Checked(r))) => r,
-        Some(Err(e)) => bail!("the repair failed: {e}"),
-        _ => bail!("the repair returned nothing"),
+    let repaired = match applied {
+        Ok(FsReply::Checked(r)) => r,
+        Err(e) => bail!("the repair failed: {e}"),
+        Ok(other) => bail!("the repair answered {other:?}, not a check's report"),
     };
     for r in &repaired.repairs {
         println!("repaired: {r}");

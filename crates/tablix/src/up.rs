@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router};
-use tablix_store::{Command, DaemonRecord, Durability, Store, StoreConfig};
+use tablix_store::{DaemonRecord, Durability, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{ModeArg, UpArgs};
@@ -176,12 +176,7 @@ async fn serve(
         mode: durability.as_str().into(),
         version: version.clone(),
     };
-    store
-        .submit(tablix_store::Stamped::new(
-            tablix_store::Stamp::now(),
-            Command::SetDaemon(record),
-        ))
-        .await?;
+    store.set_daemon(tablix_store::Stamp::now(), &record)?;
     let mounted = match &args.mountpoint {
         // Mounting waits on the store's writer: not on an async worker.
         Some(mp) => Some(tokio::task::block_in_place(|| {
@@ -267,7 +262,7 @@ fn watch_processes(store: Arc<Store>, args: &UpArgs) -> anyhow::Result<()> {
         force_poll: std::env::var_os("TABLIX_PROCESS_POLL").is_some(),
     };
     let watcher = tablix_proc::Watcher::start(config, move |op| {
-        if let Err(e) = store.apply(tablix_store::Stamp::now(), Command::Proc(op)) {
+        if let Err(e) = store.apply_proc(tablix_store::Stamp::now(), &op) {
             tracing::warn!("updating the process table: {e}");
         }
     })

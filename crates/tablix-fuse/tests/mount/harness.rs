@@ -1,6 +1,6 @@
 //! Mounting a fresh tablix file system for one test.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,24 +35,12 @@ impl Drop for Fixture {
     }
 }
 
-fn why_no_fuse() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse is missing".into());
-    }
-    if !nix::unistd::geteuid().is_root() {
-        return Some("mounting needs root".into());
-    }
-    None
-}
-
 /// Fails the test unless FUSE tests can run here (root and /dev/fuse):
 /// tests that call it are `#[ignore]`d and run by `make test` as root.
+/// The unprivileged pass runs in a mount root made for it.
 pub fn require_fuse(test: &str) {
-    if std::env::var_os(SHARED_MOUNT_ENV).is_some() {
-        return;
-    }
-    if let Some(why) = why_no_fuse() {
-        panic!("{test} needs FUSE, but {why}: run it as root (make test does)");
+    if std::env::var_os(SHARED_MOUNT_ENV).is_none() {
+        tablix_testkit::require::fuse(test);
     }
 }
 

@@ -14,9 +14,7 @@ use tablix_store::Durability;
 
 use crate::harness::{Fixture, errno_of, mount, require_fuse};
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+use tablix_testkit::require::is_root;
 
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("no NUL")
@@ -894,24 +892,9 @@ fn write_synced(p: &Path, body: &[u8]) -> std::io::Result<()> {
 fn full_disk(name: &str, mode: Durability) {
     require_fuse(name);
     let tmp = tempfile::tempdir().unwrap();
-    let small = tmp.path().join("small");
-    fs::create_dir(&small).unwrap();
-    let status = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=3m", "tmpfs"])
-        .arg(&small)
-        .status()
-        .unwrap();
-    assert!(status.success(), "mounting a small tmpfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _guard = Unmount(small.clone());
+    // Unmounted after the file system on it (dropped after `f`).
+    let disk = tablix_testkit::TinyDisk::mount(name, "3m");
+    let small = disk.path().to_path_buf();
     // Space to give back once the disk is full: on a full disk even an
     // unlink fails (SQLite needs room in its WAL to record it).
     fs::write(small.join("filler"), vec![0u8; 512 * 1024]).unwrap();
@@ -975,16 +958,16 @@ fn full_disk(name: &str, mode: Durability) {
     assert_eq!(fs::read(f.path("after")).unwrap(), b"space again");
     if let Some(store) = &f.store {
         let applied = store
-            .apply(
+            .apply_fs(
                 tablix_store::Stamp::now(),
-                tablix_store::Command::Fs(tablix_fs::FsOp::Check {
+                tablix_fs::FsOp::Check {
                     repair: false,
                     verify_data: true,
-                }),
+                },
             )
             .unwrap();
-        match applied.fs {
-            Some(Ok(tablix_fs::FsReply::Checked(r))) => {
+        match applied {
+            Ok(tablix_fs::FsReply::Checked(r)) => {
                 let unexpected: Vec<_> =
                     r.problems.iter().filter(|p| !p.starts_with("5:")).collect();
                 assert!(unexpected.is_empty(), "{r:?}");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use tablix_fs::{FsOp, FsReply};
 use tablix_store::{
-    Cancel, Command, Durability, Limits, Principal, Statement, StatementResult, Store, StoreConfig,
+    Cancel, Durability, Limits, Principal, Statement, StatementResult, Store, StoreConfig,
     StoreError, Value,
 };
 
@@ -54,17 +54,22 @@ fn a_runaway_write_is_rolled_back_and_its_group_commits() {
     let mut config = StoreConfig::new(dir.path());
     config.write_timeout = Duration::from_millis(300);
     let store = Store::open(config).unwrap();
-    store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
-    let runaway = store.submit(tablix_store::Stamped::new(
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE t(x)"]))
+        .unwrap();
+    let runaway = store.submit_sql(tablix_store::Stamped::new(
         stamp(1),
         sql(&["INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"]),
-    ));
+    ), store.config().write_limits());
     let fine: Vec<_> = (0..5)
         .map(|i| {
-            store.submit(tablix_store::Stamped::new(
-                stamp(2 + i as i64),
-                sql(&["INSERT INTO t VALUES (-1)"]),
-            ))
+            store.submit_sql(
+                tablix_store::Stamped::new(
+                    stamp(2 + i as i64),
+                    sql(&["INSERT INTO t VALUES (-1)"]),
+                ),
+                store.config().write_limits(),
+            )
         })
         .collect();
     let r = runaway.wait().unwrap();
@@ -141,9 +146,11 @@ fn results_are_bounded() {
         .unwrap();
     assert!(first_error(&r).contains("too big"), "{r:?}");
     // Writes that return too much do not happen.
-    store.apply(stamp(0), sql(&["CREATE TABLE b(x)"])).unwrap();
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE b(x)"]))
+        .unwrap();
     let r = store
-        .apply(
+        .apply_sql(
             stamp(1),
             sql(&["INSERT INTO b SELECT zeroblob(1000000) FROM (SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) RETURNING x"]),
         )
@@ -162,10 +169,12 @@ fn writes_gathered_together_are_bounded_as_a_group() {
     config.max_result_bytes = 2 << 20;
     config.write_timeout = Duration::from_secs(20);
     let store = Store::open(config).unwrap();
-    store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE t(x)"]))
+        .unwrap();
     // randomblob on the writer refuses more than the bound before making it.
     let r = store
-        .apply(
+        .apply_sql(
             stamp(1),
             sql(&["INSERT INTO t VALUES (randomblob(50000000))"]),
         )
@@ -177,18 +186,21 @@ fn writes_gathered_together_are_bounded_as_a_group() {
     );
     // A slow write holds the writer so that the next ones are gathered into
     // one batch; each returns ~1.5 MiB, so no two fit in one group's bound.
-    let slow = store.submit(tablix_store::Stamped::new(
+    let slow = store.submit_sql(tablix_store::Stamped::new(
         stamp(2),
         sql(&["INSERT INTO t SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) SELECT x FROM c)"]),
-    ));
+    ), store.config().write_limits());
     std::thread::sleep(Duration::from_millis(50));
     let before = store.stats().batches;
     let big: Vec<_> = (0..4)
         .map(|i| {
-            store.submit(tablix_store::Stamped::new(
-                stamp(3 + i),
-                sql(&["INSERT INTO t SELECT zeroblob(1500000) RETURNING x"]),
-            ))
+            store.submit_sql(
+                tablix_store::Stamped::new(
+                    stamp(3 + i),
+                    sql(&["INSERT INTO t SELECT zeroblob(1500000) RETURNING x"]),
+                ),
+                store.config().write_limits(),
+            )
         })
         .collect();
     assert!(!slow.wait().unwrap().rolled_back);
@@ -219,9 +231,12 @@ fn the_file_system_never_waits_for_user_queries() {
         config.write_timeout = Duration::from_secs(20);
         let store = Arc::new(Store::open(config).unwrap());
         store
-            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
+            .apply_fs(stamp(0), FsOp::Mount { uid: 0, gid: 0 })
+            .unwrap()
+            .expect("the operation succeeds");
+        store
+            .apply_sql(stamp(0), sql(&["CREATE TABLE t(x)"]))
             .unwrap();
-        store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
         // Every user reader busy, and a user write holding the writer, all
         // until stop_statements below.
         let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -239,10 +254,10 @@ fn the_file_system_never_waits_for_user_queries() {
                 ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }));
         }
-        let write = store.submit(tablix_store::Stamped::new(
+        let write = store.submit_sql(tablix_store::Stamped::new(
             stamp(1),
             sql(&["INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"]),
-        ));
+        ), store.config().write_limits());
         // Wait until both readers are taken.
         while store
             .query_into(
@@ -284,19 +299,19 @@ fn the_file_system_never_waits_for_user_queries() {
         assert!(w.rolled_back, "{w:?}");
         // Stopped statements do not stop the file system.
         let made = store
-            .apply(
+            .apply_fs(
                 stamp(2),
-                Command::Fs(FsOp::MakeNode {
+                FsOp::MakeNode {
                     parent: 1,
                     name: b"after".to_vec(),
                     mode: libc::S_IFREG | 0o644,
                     rdev: 0,
                     uid: 0,
                     gid: 0,
-                }),
+                },
             )
             .unwrap();
-        assert!(matches!(made.fs, Some(Ok(FsReply::Attr(_)))), "{made:?}");
+        assert!(matches!(made, Ok(FsReply::Attr(_))), "{made:?}");
     }
 }
 
@@ -364,7 +379,7 @@ fn release_and_expect_cut(store: &Store, wal: &std::path::Path, reader: rusqlite
 fn a_large_transaction_leaves_no_large_wal_behind() {
     let (dir, store) = small_wal_store(Durability::Sync);
     store
-        .apply(stamp(0), sql(&["CREATE TABLE big(b)", INSERT_20_MB]))
+        .apply_sql(stamp(0), sql(&["CREATE TABLE big(b)", INSERT_20_MB]))
         .unwrap();
     let wal = dir.path().join("tablix.db-wal");
     wait_for_wal_within(&wal, 1 << 20);
@@ -384,10 +399,10 @@ fn a_large_transaction_leaves_no_large_wal_behind() {
 fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
     let (dir, store) = small_wal_store(Durability::Sync);
     store
-        .apply(stamp(0), sql(&["CREATE TABLE big(b)"]))
+        .apply_sql(stamp(0), sql(&["CREATE TABLE big(b)"]))
         .unwrap();
     let reader = hold_snapshot(dir.path());
-    store.apply(stamp(1), sql(&[INSERT_20_MB])).unwrap();
+    store.apply_sql(stamp(1), sql(&[INSERT_20_MB])).unwrap();
     let wal = dir.path().join("tablix.db-wal");
     // Past a retry of the bound, which the reader makes fail.
     std::thread::sleep(Duration::from_millis(1500));
@@ -399,7 +414,9 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
         rows(&store, "SELECT count(*) FROM big"),
         [[Value::Integer(200)]]
     );
-    store.apply(stamp(2), sql(&["DELETE FROM big"])).unwrap();
+    store
+        .apply_sql(stamp(2), sql(&["DELETE FROM big"]))
+        .unwrap();
     assert_eq!(
         rows(&store, "SELECT count(*) FROM big"),
         [[Value::Integer(0)]]
@@ -413,23 +430,24 @@ fn a_wal_a_reader_held_is_cut_back_by_the_bound() {
 fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
     let (dir, store) = small_wal_store(Durability::Async);
     store
-        .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
-        .unwrap();
+        .apply_fs(stamp(0), FsOp::Mount { uid: 0, gid: 0 })
+        .unwrap()
+        .expect("the operation succeeds");
     let made = store
-        .apply(
+        .apply_fs(
             stamp(1),
-            Command::Fs(FsOp::MakeNode {
+            FsOp::MakeNode {
                 parent: 1,
                 name: "big".into(),
                 mode: libc::S_IFREG | 0o644,
                 rdev: 0,
                 uid: 0,
                 gid: 0,
-            }),
+            },
         )
         .unwrap();
-    let ino = match made.fs {
-        Some(Ok(FsReply::Attr(a))) => a.ino,
+    let ino = match made {
+        Ok(FsReply::Attr(a)) => a.ino,
         other => panic!("{other:?}"),
     };
     store.flush().wait().unwrap();
@@ -445,7 +463,8 @@ fn an_async_file_system_wal_a_reader_held_is_cut_back_by_the_bound() {
                     kill_suidgid: false,
                 },
             )
-            .unwrap();
+            .unwrap()
+            .expect("the operation succeeds");
     }
     store.flush().wait().unwrap();
     let wal = dir.path().join("tablix.db-wal");
@@ -470,8 +489,9 @@ fn a_damaged_database_is_refused_with_a_pointer_to_fsck() {
     {
         let store = Store::open(StoreConfig::new(dir.path())).unwrap();
         store
-            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
-            .unwrap();
+            .apply_fs(stamp(0), FsOp::Mount { uid: 0, gid: 0 })
+            .unwrap()
+            .expect("the operation succeeds");
     }
     // Find the inode table's root page and scribble over it.
     let db = dir.path().join("tablix.db");
@@ -504,7 +524,9 @@ fn only_the_daemon_can_read_the_data_files() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let store = Store::open(StoreConfig::new(&data)).unwrap();
-    store.apply(stamp(0), sql(&["CREATE TABLE t(x)"])).unwrap();
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE t(x)"]))
+        .unwrap();
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o711);
     for f in ["tablix.db", "tablix.db-wal", "tablix.db-shm"] {
@@ -563,11 +585,12 @@ fn lent_connections_only_read() {
         config.durability = mode;
         let store = Store::open(config).unwrap();
         store
-            .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
-            .unwrap();
+            .apply_fs(stamp(0), FsOp::Mount { uid: 0, gid: 0 })
+            .unwrap()
+            .expect("the operation succeeds");
         let node = |n: i64| super::new_file(&format!("f{n}"));
         let made = store.apply_fs_now(stamp(1), node(1)).unwrap();
-        assert!(matches!(made.fs, Some(Ok(_))), "{mode:?}: {made:?}");
+        assert!(made.is_ok(), "{mode:?}: {made:?}");
         let readonly = |r: Result<rusqlite::Result<usize>, StoreError>, what: &str| {
             let e = r.unwrap().expect_err(what);
             assert_eq!(
@@ -604,7 +627,7 @@ fn lent_connections_only_read() {
         assert_eq!(names, 1, "{mode:?}");
         let again = store.apply_fs_now(stamp(2), node(2)).unwrap();
         assert!(
-            matches!(again.fs, Some(Ok(_))),
+            again.is_ok(),
             "{mode:?}: the writer no longer writes after a loan: {again:?}"
         );
         store.flush().wait().unwrap();

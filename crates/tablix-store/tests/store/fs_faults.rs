@@ -8,7 +8,7 @@ use std::path::Path;
 use rusqlite::{Connection, ErrorCode};
 use tablix_fs::check::{Options, check};
 use tablix_fs::{FsOp, FsReply};
-use tablix_store::{Command, Durability, Store, StoreError};
+use tablix_store::{Durability, Store, StoreError};
 
 use super::{faulty_store, new_file, sql, stamp};
 
@@ -23,8 +23,8 @@ fn content(n: u64) -> Vec<u8> {
 /// group commit in sync mode, the pending transaction in async mode).
 fn make_file(store: &Store, n: u64) -> Result<(), StoreError> {
     let made = store.apply_fs_now(stamp(10 + 2 * n as i64), new_file(&format!("f{n}")))?;
-    let ino = match made.fs {
-        Some(Ok(FsReply::Attr(a))) => a.ino,
+    let ino = match made {
+        Ok(FsReply::Attr(a)) => a.ino,
         other => panic!("making f{n}: {other:?}"),
     };
     let wrote = store.apply_fs_now(
@@ -36,14 +36,15 @@ fn make_file(store: &Store, n: u64) -> Result<(), StoreError> {
             kill_suidgid: false,
         },
     )?;
-    assert!(matches!(wrote.fs, Some(Ok(_))), "writing f{n}: {wrote:?}");
+    assert!(wrote.is_ok(), "writing f{n}: {wrote:?}");
     Ok(())
 }
 
 fn mounted(store: &Store) {
     store
-        .apply(stamp(0), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
-        .unwrap();
+        .apply_fs(stamp(0), FsOp::Mount { uid: 0, gid: 0 })
+        .unwrap()
+        .expect("the operation succeeds");
     store.flush().wait().unwrap();
 }
 
@@ -123,7 +124,9 @@ fn io_errors_under_pending_file_system_writes_never_lose_them_silently() {
     let (fault, dir, config) = faulty_store(Durability::Async);
     let store = Store::open(config).unwrap();
     mounted(&store);
-    store.apply(stamp(1), sql(&["CREATE TABLE t(x)"])).unwrap();
+    store
+        .apply_sql(stamp(1), sql(&["CREATE TABLE t(x)"]))
+        .unwrap();
     for n in 0..3 {
         make_file(&store, n).unwrap();
     }
@@ -133,7 +136,7 @@ fn io_errors_under_pending_file_system_writes_never_lose_them_silently() {
     assert_eq!(e.sqlite_code(), Some(ErrorCode::SystemIoFailure), "{e}");
     // A SQL group must commit the pending writes first: it fails whole.
     let e = store
-        .apply(stamp(2), sql(&["INSERT INTO t VALUES (1)"]))
+        .apply_sql(stamp(2), sql(&["INSERT INTO t VALUES (1)"]))
         .expect_err("a group committed over failing I/O");
     assert!(e.sqlite_code().is_some(), "untyped: {e:?}");
     fault.fail_io(false);

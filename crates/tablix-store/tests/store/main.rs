@@ -10,9 +10,10 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use rusqlite::Connection;
 use tablix_store::{
-    Applied, Command, DaemonRecord, Durability, Params, Principal, Stamp, Stamped, Statement,
+    DaemonRecord, Durability, Params, Principal, SqlCommand, SqlReply, Stamp, Stamped, Statement,
     StatementResult, Store, StoreConfig, StoreError, Value,
 };
+use tablix_testkit::TinyDisk;
 
 pub(crate) fn stamp(n: i64) -> Stamp {
     Stamp {
@@ -21,8 +22,8 @@ pub(crate) fn stamp(n: i64) -> Stamp {
     }
 }
 
-pub(crate) fn sql(statements: &[&str]) -> Command {
-    Command::Sql {
+pub(crate) fn sql(statements: &[&str]) -> SqlCommand {
+    SqlCommand {
         statements: statements.iter().map(|s| Statement::new(*s)).collect(),
         transaction: false,
         principal: Principal::root(),
@@ -59,7 +60,7 @@ fn fresh_directory_is_created_and_data_survives_reopen() {
     {
         let store = Store::open(StoreConfig::new(&data)).unwrap();
         let r = store
-            .apply(
+            .apply_sql(
                 stamp(1),
                 sql(&[
                     "CREATE TABLE kv(k TEXT PRIMARY KEY, v)",
@@ -146,7 +147,7 @@ fn system_tables_are_read_only_to_sql_but_change_through_commands() {
         mode: "sync".into(),
         version: "0".into(),
     };
-    store.apply(stamp(5), Command::SetDaemon(record)).unwrap();
+    store.set_daemon(stamp(5), &record).unwrap();
     assert_eq!(
         rows(&store, "SELECT pid, started_ns FROM daemon"),
         [[Value::Integer(42), Value::Integer(stamp(5).unix_nanos)]]
@@ -165,7 +166,7 @@ fn system_tables_are_read_only_to_sql_but_change_through_commands() {
             "system table",
         ),
     ] {
-        let r = store.apply(stamp(6), sql(&[bad])).unwrap();
+        let r = store.apply_sql(stamp(6), sql(&[bad])).unwrap();
         match &r.statements[0].result {
             StatementResult::Error(m) => assert!(m.contains(why), "{bad}: {m}"),
             other => panic!("{bad} was allowed: {other:?}"),
@@ -199,7 +200,7 @@ fn transaction_control_and_settings_are_refused_with_reasons() {
         ("ATTACH DATABASE '/tmp/x.db' AS x", "ATTACH"),
         ("CREATE TEMP TABLE t(x)", "temporary objects"),
     ] {
-        let r = store.apply(stamp(1), sql(&[bad])).unwrap();
+        let r = store.apply_sql(stamp(1), sql(&[bad])).unwrap();
         match &r.statements[0].result {
             StatementResult::Error(m) => assert!(m.contains(why), "{bad}: {m}"),
             other => panic!("{bad} was allowed: {other:?}"),
@@ -212,12 +213,12 @@ fn a_transaction_stops_at_its_first_error_and_rolls_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(StoreConfig::new(dir.path())).unwrap();
     store
-        .apply(stamp(0), sql(&["CREATE TABLE t(x UNIQUE)"]))
+        .apply_sql(stamp(0), sql(&["CREATE TABLE t(x UNIQUE)"]))
         .unwrap();
     let r = store
-        .apply(
+        .apply_sql(
             stamp(1),
-            Command::Sql {
+            SqlCommand {
                 statements: vec![
                     Statement::new("INSERT INTO t VALUES (1)"),
                     Statement::new("INSERT INTO t VALUES (1)"),
@@ -236,7 +237,7 @@ fn a_transaction_stops_at_its_first_error_and_rolls_back() {
     );
     // Without a transaction each statement stands alone.
     let r = store
-        .apply(
+        .apply_sql(
             stamp(2),
             sql(&[
                 "INSERT INTO t VALUES (1)",
@@ -256,14 +257,14 @@ fn a_transaction_stops_at_its_first_error_and_rolls_back() {
 
 #[test]
 fn replay_of_stamped_commands_is_deterministic() {
-    let commands: Vec<Stamped> = (0..20)
+    let commands: Vec<Stamped<SqlCommand>> = (0..20)
         .map(|i| {
             Stamped::new(
                 stamp(i * 1_000_000_007),
                 if i == 0 {
                     sql(&["CREATE TABLE r(a, b, c)"])
                 } else {
-                    Command::Sql {
+                    SqlCommand {
                         statements: vec![Statement::with_params(
                             "INSERT INTO r VALUES (random(), hex(randomblob(8)), strftime('%Y-%m-%d %H:%M:%f', 'now') || ?)",
                             Params::Positional(vec![Value::Integer(i)]),
@@ -278,7 +279,10 @@ fn replay_of_stamped_commands_is_deterministic() {
     let dump = |dir: &std::path::Path| {
         let store = Store::open(StoreConfig::new(dir)).unwrap();
         for c in &commands {
-            store.submit(c.clone()).wait().unwrap();
+            store
+                .submit_sql(c.clone(), store.config().write_limits())
+                .wait()
+                .unwrap();
         }
         rows(&store, "SELECT a, b, c FROM r ORDER BY rowid")
     };
@@ -302,7 +306,7 @@ fn concurrent_writers_and_readers_all_succeed_in_async_mode() {
     config.durability = Durability::Async;
     let store = Arc::new(Store::open(config).unwrap());
     store
-        .apply(stamp(0), sql(&["CREATE TABLE c(w, i)"]))
+        .apply_sql(stamp(0), sql(&["CREATE TABLE c(w, i)"]))
         .unwrap();
     let mut threads = Vec::new();
     for w in 0..8 {
@@ -310,9 +314,9 @@ fn concurrent_writers_and_readers_all_succeed_in_async_mode() {
         threads.push(std::thread::spawn(move || {
             for i in 0..50 {
                 let r = store
-                    .apply(
+                    .apply_sql(
                         stamp(i),
-                        Command::Sql {
+                        SqlCommand {
                             statements: vec![Statement::with_params(
                                 "INSERT INTO c VALUES (?, ?)",
                                 Params::Positional(vec![Value::Integer(w), Value::Integer(i)]),
@@ -360,19 +364,19 @@ proptest! {
     fn concurrent_submission_matches_sequential_application(
         commands in prop::collection::vec((prop::collection::vec(statement(), 1..4), any::<bool>()), 1..40)
     ) {
-        let stamped: Vec<Stamped> = commands.iter().enumerate().map(|(i, (sts, tx))| Stamped::new(
+        let stamped: Vec<Stamped<SqlCommand>> = commands.iter().enumerate().map(|(i, (sts, tx))| Stamped::new(
             stamp(i as i64),
-            Command::Sql { statements: sts.iter().map(Statement::new).collect(), transaction: *tx, principal: Principal::root() },
+            SqlCommand { statements: sts.iter().map(Statement::new).collect(), transaction: *tx, principal: Principal::root() },
         )).collect();
         let run = |grouped: bool| {
             let dir = tempfile::tempdir().unwrap();
             let store = Store::open(StoreConfig::new(dir.path())).unwrap();
-            store.apply(stamp(-1), sql(&["CREATE TABLE p(k PRIMARY KEY, v)"])).unwrap();
-            let results: Vec<Applied> = if grouped {
-                let tickets: Vec<_> = stamped.iter().map(|c| store.submit(c.clone())).collect();
+            store.apply_sql(stamp(-1), sql(&["CREATE TABLE p(k PRIMARY KEY, v)"])).unwrap();
+            let results: Vec<SqlReply> = if grouped {
+                let tickets: Vec<_> = stamped.iter().map(|c| store.submit_sql(c.clone(), store.config().write_limits())).collect();
                 tickets.into_iter().map(|t| t.wait().unwrap()).collect()
             } else {
-                stamped.iter().map(|c| store.submit(c.clone()).wait().unwrap()).collect()
+                stamped.iter().map(|c| store.submit_sql(c.clone(), store.config().write_limits()).wait().unwrap()).collect()
             };
             let view: Vec<_> = results.iter().map(|a| (a.results(), a.rolled_back)).collect();
             (view, rows(&store, "SELECT k, v FROM p ORDER BY k"))
@@ -388,7 +392,9 @@ fn async_mode_flushes_by_itself_within_the_interval() {
     config.durability = Durability::Async;
     config.flush_interval = std::time::Duration::from_millis(50);
     let store = Store::open(config).unwrap();
-    store.apply(stamp(0), sql(&["CREATE TABLE a(x)"])).unwrap();
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE a(x)"]))
+        .unwrap();
     assert_eq!(store.stats().flushes, 0);
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert_eq!(
@@ -405,13 +411,20 @@ fn async_mode_flushes_within_the_interval_under_steady_traffic() {
     config.durability = Durability::Async;
     config.flush_interval = std::time::Duration::from_millis(20);
     let store = Store::open(config).unwrap();
-    store.apply(stamp(0), sql(&["CREATE TABLE a(x)"])).unwrap();
+    store
+        .apply_sql(stamp(0), sql(&["CREATE TABLE a(x)"]))
+        .unwrap();
     // Queue far more than one group at once, so the writer's queue stays
     // non-empty (a receive never waits) for many flush intervals; never ask
     // to flush.
     let started = std::time::Instant::now();
     let tickets: Vec<_> = (0..30_000)
-        .map(|i| store.submit(Stamped::new(stamp(i), sql(&["INSERT INTO a VALUES (1)"]))))
+        .map(|i| {
+            store.submit_sql(
+                Stamped::new(stamp(i), sql(&["INSERT INTO a VALUES (1)"])),
+                store.config().write_limits(),
+            )
+        })
         .collect();
     for t in tickets {
         t.wait().unwrap();
@@ -428,57 +441,27 @@ fn async_mode_flushes_within_the_interval_under_steady_traffic() {
     );
 }
 
-/// Mounts a tiny tmpfs for the duration of a test.
-struct TinyDisk {
-    dir: tempfile::TempDir,
-}
-
-impl TinyDisk {
-    fn mount(size: &str) -> TinyDisk {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "mounting a tmpfs needs root: run it as root (make test does)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let st = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tablix-test"])
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs failed");
-        TinyDisk { dir }
-    }
-}
-
-impl Drop for TinyDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 #[test]
 #[ignore = "needs root to mount a tmpfs: make test runs it as root"]
 fn a_full_disk_fails_writes_and_loses_nothing() {
-    let disk = TinyDisk::mount("512k");
-    let data = disk.dir.path().join("data");
-    let ballast = disk.dir.path().join("ballast");
+    let disk = TinyDisk::mount("a_full_disk_fails_writes_and_loses_nothing", "512k");
+    let data = disk.path().join("data");
+    let ballast = disk.path().join("ballast");
     std::fs::write(&ballast, vec![1u8; 128 * 1024]).unwrap();
     let mut acked = 0i64;
     let mut refusal = None;
     {
         let store = Store::open(StoreConfig::new(&data)).unwrap();
         store
-            .apply(
+            .apply_sql(
                 stamp(0),
                 sql(&["CREATE TABLE big(id INTEGER PRIMARY KEY, b BLOB)"]),
             )
             .unwrap();
         for i in 0..1000 {
-            let r = store.apply(
+            let r = store.apply_sql(
                 stamp(i),
-                Command::Sql {
+                SqlCommand {
                     statements: vec![Statement::with_params(
                         "INSERT INTO big VALUES (?, zeroblob(8192))",
                         Params::Positional(vec![Value::Integer(i)]),
@@ -513,7 +496,7 @@ fn a_full_disk_fails_writes_and_loses_nothing() {
         // Once space is freed elsewhere, writes work again.
         std::fs::remove_file(&ballast).unwrap();
         let r = store
-            .apply(stamp(-1), sql(&["DELETE FROM big WHERE id >= 5"]))
+            .apply_sql(stamp(-1), sql(&["DELETE FROM big WHERE id >= 5"]))
             .unwrap();
         assert!(!r.statements[0].result.is_error(), "{r:?}");
         acked = 5;
@@ -529,8 +512,8 @@ fn a_full_disk_fails_writes_and_loses_nothing() {
     );
 }
 
-fn insert(n: i64) -> Command {
-    Command::Sql {
+fn insert(n: i64) -> SqlCommand {
+    SqlCommand {
         statements: vec![Statement::with_params(
             "INSERT INTO p(v) VALUES (?)",
             Params::Positional(vec![Value::Integer(n)]),
@@ -569,7 +552,7 @@ pub(crate) fn faulty_store(
 fn open_with_p(config: StoreConfig) -> Store {
     let store = Store::open(config).unwrap();
     store
-        .apply(
+        .apply_sql(
             stamp(0),
             sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"]),
         )
@@ -587,7 +570,7 @@ fn power_loss_keeps_every_write_acknowledged_in_sync_mode() {
             let store = Arc::clone(&store);
             std::thread::spawn(move || {
                 (0..25)
-                    .filter(|i| store.apply(stamp(w * 100 + i), insert(*i)).is_ok())
+                    .filter(|i| store.apply_sql(stamp(w * 100 + i), insert(*i)).is_ok())
                     .count()
             })
         })
@@ -607,11 +590,11 @@ fn power_loss_in_async_mode_keeps_what_was_flushed() {
     let (fault, dir, config) = faulty_store(Durability::Async);
     let store = open_with_p(config);
     for i in 0..20 {
-        store.apply(stamp(i), insert(i)).unwrap();
+        store.apply_sql(stamp(i), insert(i)).unwrap();
     }
     store.flush().wait().unwrap();
     for i in 20..40 {
-        store.apply(stamp(i), insert(i)).unwrap();
+        store.apply_sql(stamp(i), insert(i)).unwrap();
     }
     fault.freeze();
     drop(store);
@@ -632,10 +615,10 @@ fn io_errors_fail_the_group_and_lose_nothing() {
     let (fault, dir, config) = faulty_store(Durability::Sync);
     let store = open_with_p(config);
     for i in 0..10 {
-        store.apply(stamp(i), insert(i)).unwrap();
+        store.apply_sql(stamp(i), insert(i)).unwrap();
     }
     fault.fail_io(true);
-    let err = store.apply(stamp(10), insert(10)).unwrap_err();
+    let err = store.apply_sql(stamp(10), insert(10)).unwrap_err();
     // Failing under the statement or at COMMIT: the group fails whole,
     // typed by SQLite's code, never as the Command's own result.
     assert!(
@@ -648,7 +631,7 @@ fn io_errors_fail_the_group_and_lose_nothing() {
         "{err:?}"
     );
     fault.fail_io(false);
-    store.apply(stamp(11), insert(11)).unwrap();
+    store.apply_sql(stamp(11), insert(11)).unwrap();
     assert_eq!(
         rows(&store, "SELECT count(*) FROM p"),
         [[Value::Integer(11)]]
@@ -664,12 +647,12 @@ fn io_errors_fail_the_group_and_lose_nothing() {
 fn a_full_disk_under_user_sql_fails_the_request_not_the_statement() {
     let (fault, dir, config) = faulty_store(Durability::Sync);
     let store = open_with_p(config);
-    store.apply(stamp(1), insert(1)).unwrap();
+    store.apply_sql(stamp(1), insert(1)).unwrap();
     fault.fill_disk(true);
     let big = sql(&[
         "INSERT INTO p(v) WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) SELECT randomblob(100000) FROM n",
     ]);
-    let r = store.apply(stamp(2), big);
+    let r = store.apply_sql(stamp(2), big);
     let err = r.expect_err("a write on a full disk was answered as applied or refused by SQL");
     assert_eq!(
         err.sqlite_code(),
@@ -677,7 +660,7 @@ fn a_full_disk_under_user_sql_fails_the_request_not_the_statement() {
         "{err:?}"
     );
     fault.fill_disk(false);
-    store.apply(stamp(3), insert(3)).unwrap();
+    store.apply_sql(stamp(3), insert(3)).unwrap();
     drop(store);
     assert_eq!(count_p(dir.path()), (2, "ok".to_string()));
 }
@@ -692,10 +675,8 @@ fn pipes_and_sql_readers_share_the_memory_database_without_busy() {
     let store = Arc::new(Store::open(StoreConfig::new(dir.path())).unwrap());
     let pipe_op = |store: &Store, op: PipeOp| -> PipeReply {
         store
-            .apply(stamp(1), Command::Pipe(op))
+            .apply_pipe(stamp(1), &op)
             .unwrap()
-            .pipe
-            .expect("a pipe reply")
             .expect("the op succeeds")
     };
     let writers = 4u64;

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use tablix_fs::{FsOp, FsReply};
 use tablix_proc::{ProcEvent, ProcInfo, ProcOp};
 use tablix_store::{
-    Command, Principal, ProcVisibility, Stamp, Statement, StatementResult, Store, StoreConfig,
+    Principal, ProcVisibility, SqlCommand, Stamp, Statement, StatementResult, Store, StoreConfig,
     Value,
 };
 
@@ -22,8 +22,8 @@ fn bob() -> Principal {
     Principal::local(1001, 1001, vec![])
 }
 
-fn as_user(who: &Principal, statements: &[&str]) -> Command {
-    Command::Sql {
+fn as_user(who: &Principal, statements: &[&str]) -> SqlCommand {
+    SqlCommand {
         statements: statements.iter().map(|s| Statement::new(*s)).collect(),
         transaction: false,
         principal: who.clone(),
@@ -50,8 +50,8 @@ fn text(v: &str) -> Value {
 }
 
 fn fs(store: &Store, op: FsOp) -> tablix_fs::Attr {
-    match store.apply(stamp(9), Command::Fs(op)).unwrap().fs {
-        Some(Ok(FsReply::Attr(a))) => a,
+    match store.apply_fs(stamp(9), op).unwrap() {
+        Ok(FsReply::Attr(a)) => a,
         other => panic!("{other:?}"),
     }
 }
@@ -85,16 +85,17 @@ fn file(store: &Store, parent: u64, name: &str, mode: u32, uid: u32, body: &[u8]
     )
     .ino;
     store
-        .apply(
+        .apply_fs(
             stamp(10),
-            Command::Fs(FsOp::Write {
+            FsOp::Write {
                 ino,
                 offset: 0,
                 data: body.to_vec(),
                 kill_suidgid: false,
-            }),
+            },
         )
-        .unwrap();
+        .unwrap()
+        .expect("the operation succeeds");
     ino
 }
 
@@ -104,8 +105,9 @@ fn tree() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(StoreConfig::new(dir.path())).unwrap();
     store
-        .apply(stamp(1), Command::Fs(FsOp::Mount { uid: 0, gid: 0 }))
-        .unwrap();
+        .apply_fs(stamp(1), FsOp::Mount { uid: 0, gid: 0 })
+        .unwrap()
+        .expect("the operation succeeds");
     let home = mkdir(&store, 1, "home", 0o755, 0);
     let a = mkdir(&store, home, "alice", 0o700, 1000);
     file(&store, a, "diary", 0o600, 1000, b"SECRET alice");
@@ -189,7 +191,7 @@ fn file_contents_need_read_permission() {
     );
     // No view or trigger can call file_data for whoever reads it.
     let r = store
-        .apply(
+        .apply_sql(
             stamp(20),
             as_user(
                 &alice(),
@@ -226,9 +228,9 @@ fn with_processes(visibility: ProcVisibility) -> (tempfile::TempDir, Store) {
     config.proc_visibility = Some(visibility);
     let store = Store::open(config).unwrap();
     store
-        .apply(
+        .apply_proc(
             stamp(1),
-            Command::Proc(ProcOp {
+            &ProcOp {
                 reset: true,
                 events: vec![
                     task(10, 1000, 1000, "/usr/bin/vim"),
@@ -236,7 +238,7 @@ fn with_processes(visibility: ProcVisibility) -> (tempfile::TempDir, Store) {
                     task(12, 1000, 0, "/usr/bin/sudo"),
                 ],
                 keep_exited: 10,
-            }),
+            },
         )
         .unwrap();
     (dir, store)
@@ -325,8 +327,9 @@ fn pipes_show_named_ones_and_the_users_own() {
     };
     for (n, uid) in [(Some("jobs"), 1001), (None, 1000), (None, 1001)] {
         store
-            .apply(stamp(2), Command::Pipe(create(n, uid)))
-            .unwrap();
+            .apply_pipe(stamp(2), &create(n, uid))
+            .unwrap()
+            .expect("the operation succeeds");
     }
     // Anonymous pipes are those tablix run creates and unlinks at once.
     let unnamed: Vec<i64> = rows(
@@ -342,24 +345,26 @@ fn pipes_show_named_ones_and_the_users_own() {
     .collect();
     for (i, id) in unnamed.iter().enumerate() {
         store
-            .apply(
+            .apply_pipe(
                 stamp(3),
-                Command::Pipe(PipeOp::Open {
+                &PipeOp::Open {
                     pipe: *id,
                     handle: 100 + i as u64,
                     end: End::Both,
                     pid: 10 + i as u32,
-                }),
+                },
             )
-            .unwrap();
+            .unwrap()
+            .expect("the operation succeeds");
         store
-            .apply(
+            .apply_pipe(
                 stamp(3),
-                Command::Pipe(PipeOp::Unlink {
+                &PipeOp::Unlink {
                     name: format!("anon-{}", 1000 + i),
-                }),
+                },
             )
-            .unwrap();
+            .unwrap()
+            .expect("the operation succeeds");
     }
     let seen = |who: &Principal| rows(&store, who, "SELECT count(*) FROM pipes");
     assert_eq!(seen(&Principal::root()), [[Value::Integer(3)]]);
@@ -459,18 +464,19 @@ fn file_system_still_works(store: &Store) {
     let ino = file(store, 1, &format!("probe-{before}"), 0o644, 0, b"x");
     assert_eq!(ino as i64, before, "inode numbers come from tablix_meta");
     store
-        .apply(
+        .apply_fs(
             stamp(30),
-            Command::Fs(FsOp::Unlink {
+            FsOp::Unlink {
                 parent: 1,
                 name: format!("probe-{before}").into(),
-            }),
+            },
         )
-        .unwrap();
+        .unwrap()
+        .expect("the operation succeeds");
     let r = store
-        .apply(stamp(31), Command::Fs(FsOp::Reclaim { inodes: vec![ino] }))
+        .apply_fs(stamp(31), FsOp::Reclaim { inodes: vec![ino] })
         .unwrap();
-    assert!(!r.rolled_back, "reclaim failed: {r:?}");
+    assert!(r.is_ok(), "reclaim failed: {r:?}");
     assert_eq!(
         rows(
             store,
@@ -583,7 +589,7 @@ fn escape_attempts_change_nothing_of_tablixs() {
         let (dir, store) = tree();
         // A user table with statistics, so that sqlite_stat1 exists.
         let setup = store
-            .apply(
+            .apply_sql(
                 stamp(2),
                 as_user(
                     &who,
@@ -604,7 +610,7 @@ fn escape_attempts_change_nothing_of_tablixs() {
         let db = dir.path().join("tablix.db");
         let before = fingerprint(&db);
         for (sql, why) in ESCAPES {
-            let r = store.apply(stamp(3), as_user(&who, &[sql])).unwrap();
+            let r = store.apply_sql(stamp(3), as_user(&who, &[sql])).unwrap();
             match (&r.statements[0].result, why.is_empty()) {
                 (StatementResult::Error(m), false) => assert!(
                     why.split('|').any(|w| m.contains(w)),
@@ -740,11 +746,11 @@ proptest! {
     ) {
         let who = if as_root { Principal::root() } else { alice() };
         let (dir, store) = tree();
-        store.apply(stamp(2), as_user(&who, &["CREATE TABLE u(x)"])).unwrap();
+        store.apply_sql(stamp(2), as_user(&who, &["CREATE TABLE u(x)"])).unwrap();
         let db = dir.path().join("tablix.db");
         let before = fingerprint(&db);
         for sql in &statements {
-            store.apply(Stamp { unix_nanos: 5, seed: 5 }, as_user(&who, &[sql])).unwrap();
+            store.apply_sql(Stamp { unix_nanos: 5, seed: 5 }, as_user(&who, &[sql])).unwrap();
             let _ = store.query(&who, &[Statement::new(sql.clone())]).unwrap();
         }
         prop_assert_eq!(fingerprint(&db), before);

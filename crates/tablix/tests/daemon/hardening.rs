@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde_json::Value as Json;
 
-use super::{BIN, Daemon, fsck, require_fuse, text};
+use super::{BIN, Daemon, fsck, text};
+use tablix_testkit::require::fuse as require_fuse;
 
 const NOBODY: &str = "65534";
 

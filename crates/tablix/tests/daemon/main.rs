@@ -534,21 +534,6 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     d.stop();
 }
 
-/// Fails the test unless FUSE tests can run here (root and /dev/fuse):
-/// tests that call it are `#[ignore]`d and run by `make test` as root.
-fn require_fuse(test: &str) {
-    let why = if !Path::new("/dev/fuse").exists() {
-        Some("/dev/fuse is missing")
-    } else if !nix::unistd::geteuid().is_root() {
-        Some("mounting needs root")
-    } else {
-        None
-    };
-    if let Some(why) = why {
-        panic!("{test} needs FUSE, but {why}: run it as root (make test does)");
-    }
-}
-
 fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let o = Command::new(BIN)
         .args(["fsck", "--data"])
@@ -643,21 +628,21 @@ fn crash_and_remount(mode: &str) {
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode() {
-    require_fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode");
+    tablix_testkit::require::fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode");
     crash_and_remount("sync");
 }
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode() {
-    require_fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode");
+    tablix_testkit::require::fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode");
     crash_and_remount("async");
 }
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn fsck_reports_and_repairs_damage() {
-    require_fuse("fsck_reports_and_repairs_damage");
+    tablix_testkit::require::fuse("fsck_reports_and_repairs_damage");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
@@ -711,7 +696,9 @@ fn fsck_reports_and_repairs_damage() {
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
-    require_fuse("the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon");
+    tablix_testkit::require::fuse(
+        "the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon",
+    );
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
@@ -835,7 +822,7 @@ fn tablix_run(data: &Path, argv: &[&str]) -> Output {
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
-    require_fuse("tablix_run_sends_every_pipe_through_the_database");
+    tablix_testkit::require::fuse("tablix_run_sends_every_pipe_through_the_database");
     let tmp = tempfile::tempdir().unwrap();
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
@@ -962,7 +949,7 @@ fn pipe_and_run_commands_say_what_is_wrong() {
         text(&o)
     );
     d.stop();
-    require_fuse("pipe_and_run_commands_say_what_is_wrong");
+    tablix_testkit::require::fuse("pipe_and_run_commands_say_what_is_wrong");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
     let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
@@ -1019,9 +1006,9 @@ fn pipe_and_run_commands_say_what_is_wrong() {
 #[test]
 #[ignore = "needs root for the kernel's process events: make test runs it as root"]
 fn the_process_table_follows_forks_execs_and_exits() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the kernel's process events need root: run it as root (make test does)"
+    tablix_testkit::require::root(
+        "the_process_table_follows_forks_execs_and_exits",
+        "listen to the kernel's process events",
     );
     let tmp = tempfile::tempdir().unwrap();
     let d = Daemon::start(tmp.path(), &["--process-history", "30"]);
@@ -1188,7 +1175,7 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
     // As another user the daemon still starts and says where the process
     // table comes from: kernel events where the kernel allows unprivileged
     // listeners (Linux 6.6 and later), else polling, with the reason.
-    if nix::unistd::geteuid().is_root() {
+    if tablix_testkit::require::is_root() {
         let bin_dir = tempfile::tempdir().unwrap();
         let exe = bin_dir.path().join("tablix");
         std::fs::copy(BIN, &exe).unwrap();
@@ -1228,7 +1215,7 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
-    require_fuse("sa_restart");
+    tablix_testkit::require::fuse("sa_restart");
     let tmp = tempfile::tempdir().unwrap();
     let prog = tmp.path().join("sa_restart");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sa_restart.c");

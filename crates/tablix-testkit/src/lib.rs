@@ -1,0 +1,16 @@
+//! What tablix's integration tests share, so that each exists once:
+//!
+//! * [`require`]: tests that need root or FUSE are `#[ignore]`d with their
+//!   reason and fail loudly when run without what they need (`make test`
+//!   runs them as root); none returns early and counts as passed;
+//! * [`ApiServer`]: a store and the HTTP API serving it on an ephemeral
+//!   127.0.0.1 port (and the data directory's Unix socket), in a
+//!   temporary directory;
+//! * [`TinyDisk`]: a small tmpfs, for full-disk tests (root).
+
+mod api_server;
+pub mod require;
+mod tiny_disk;
+
+pub use api_server::{ApiServer, Setup};
+pub use tiny_disk::TinyDisk;
