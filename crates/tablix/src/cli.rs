@@ -267,6 +267,11 @@ pub enum BenchWhich {
     /// Single-row inserts through the HTTP API (sync mode) with several
     /// client counts, against plain rusqlite with one insert per transaction.
     Insert(InsertBenchArgs),
+    /// Where the command log should live: groups of logged Commands
+    /// applied to a state database, with the log in the state's
+    /// transaction, in its own SQLite file or in an append-only file,
+    /// against the state's commit alone.
+    Log(LogBenchArgs),
     /// The page cache: a speed suite after SQLite's speedtest1 and hit
     /// ratios under several access patterns, each policy against SQLite's
     /// built-in cache.
@@ -358,6 +363,22 @@ pub struct InsertBenchArgs {
     /// Concurrent HTTP clients to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16])]
     pub clients: Vec<usize>,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct LogBenchArgs {
+    /// Scratch directory on the disk to measure [default: ./target/bench/log]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 2.0)]
+    pub seconds: f64,
+    /// Entries per group (one transaction, one log append), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
+    pub batches: Vec<usize>,
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,

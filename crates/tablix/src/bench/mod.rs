@@ -7,6 +7,7 @@ mod fs;
 mod hits;
 mod hostile;
 mod insert;
+mod log;
 mod pcache;
 mod pipe;
 mod speed;
@@ -19,6 +20,7 @@ use crate::cli::{BenchArgs, BenchWhich};
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchWhich::Insert(a) => insert::run(a),
+        BenchWhich::Log(a) => log::run(a),
         BenchWhich::Fs(a) => fs::run(a),
         BenchWhich::Pipe(a) => pipe::run(a),
         BenchWhich::Hostile(a) => hostile::run(a),
