@@ -52,6 +52,14 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 /// A size in bytes, with an optional binary suffix: 4096, 64KiB, 64MiB, 1GiB
 /// (K, M, G and KB, MB, GB mean the same).
+/// Seconds a benchmark's measurement runs: more than 0, at most an hour.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 3600.0 => Ok(x),
+        _ => Err(format!("{s:?} is not a number of seconds in (0, 3600]")),
+    }
+}
+
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -358,7 +366,7 @@ pub struct InsertBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Seconds each measurement runs.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
     pub seconds: f64,
     /// Concurrent HTTP clients to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16])]
@@ -374,14 +382,14 @@ pub struct LogBenchArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Seconds each measurement runs.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = parse_seconds)]
     pub seconds: f64,
     /// Entries per group (one transaction, one log append), comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
     pub batches: Vec<usize>,
     /// Rounds; the median is reported.
-    #[arg(long, default_value_t = 3)]
-    pub repeat: usize,
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
 }
 
 #[derive(Args, Debug)]

@@ -226,8 +226,8 @@ pub fn run(a: LogBenchArgs) -> anyhow::Result<ExitCode> {
         .dir
         .unwrap_or_else(|| std::path::PathBuf::from("target/bench/log"));
     std::fs::create_dir_all(&dir)?;
-    if a.batches.contains(&0) {
-        anyhow::bail!("--batches: a group holds at least one entry");
+    if a.batches.is_empty() || a.batches.contains(&0) {
+        anyhow::bail!("--batches: give one or more group sizes, each at least 1");
     }
     let entry_bytes = entry(1)?.len();
     let mut results = vec![vec![Vec::new(); a.batches.len()]; Placement::ALL.len()];
