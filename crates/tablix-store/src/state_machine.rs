@@ -81,18 +81,24 @@ pub(crate) enum Proposal {
 /// Where the writer sends a Command's result.
 pub(crate) type Reply<T> = tokio::sync::oneshot::Sender<Result<T, StoreError>>;
 
+/// A gathered file-system proposal: the Command and its reply channel.
+pub(crate) type FsItem = (
+    Box<Stamped<tablix_fs::FsOp>>,
+    Reply<crate::outcome::FsResult>,
+);
+
+/// A gathered SQL proposal: the Command, its bounds, its reply channel.
+pub(crate) type SqlItem = (
+    Box<Stamped<SqlCommand>>,
+    Limits,
+    Reply<crate::outcome::SqlReply>,
+);
+
 /// Gathered proposals split by domain, each kind in the order received.
 #[derive(Default)]
 pub(crate) struct Dispatch {
-    pub(crate) fs: Vec<(
-        Box<Stamped<tablix_fs::FsOp>>,
-        Reply<crate::outcome::FsResult>,
-    )>,
-    pub(crate) sql: Vec<(
-        Box<Stamped<SqlCommand>>,
-        Limits,
-        Reply<crate::outcome::SqlReply>,
-    )>,
+    pub(crate) fs: Vec<FsItem>,
+    pub(crate) sql: Vec<SqlItem>,
 }
 
 impl Dispatch {

@@ -19,7 +19,7 @@ use crate::error::StoreError;
 use crate::fs_writer::FsWriter;
 use crate::outcome::SqlReply;
 use crate::sql_writer::{Held, SqlWriter};
-use crate::state_machine::{Dispatch, Proposal, Reply};
+use crate::state_machine::{Dispatch, FsItem, Proposal, Reply, SqlItem};
 use crate::stats::Counters;
 use crate::volatile::Volatile;
 use crate::wal::WalFile;
@@ -53,12 +53,6 @@ pub(crate) struct Writer {
     pub(crate) counters: Arc<Counters>,
     pub(crate) wal: WalFile,
 }
-
-type FsItem = (
-    Box<Stamped<tablix_fs::FsOp>>,
-    Reply<crate::outcome::FsResult>,
-);
-type SqlItem = (Box<Stamped<SqlCommand>>, Limits, Reply<SqlReply>);
 
 impl Writer {
     /// Serves requests until every sender is gone, then flushes and
