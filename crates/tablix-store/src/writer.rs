@@ -17,9 +17,8 @@ use crate::command::{SqlCommand, Stamped};
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
 use crate::fs_writer::FsWriter;
-use crate::outcome::SqlReply;
 use crate::sql_writer::{Held, SqlWriter};
-use crate::state_machine::{Dispatch, FsItem, Proposal, Reply, SqlItem};
+use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem};
 use crate::stats::Counters;
 use crate::volatile::Volatile;
 use crate::wal::WalFile;
@@ -169,13 +168,13 @@ impl Writer {
         }
     }
 
-    /// Answers a group's proposers with its replies (or its failure).
-    fn answer<T, R>(
+    /// Answers a group's proposers with its replies (or its failure),
+    /// counting the refused ones as the domain `M` judges them.
+    fn answer<M: Grouped, T>(
         &self,
         replies: Vec<Reply<T>>,
-        results: Result<Vec<Result<R, StoreError>>, StoreError>,
-        reply_of: impl Fn(R) -> T,
-        refused: impl Fn(&T) -> bool,
+        results: Result<Vec<Result<M::Reply, StoreError>>, StoreError>,
+        reply_of: impl Fn(M::Reply) -> T,
     ) {
         let n = replies.len() as u64;
         Counters::add(&self.counters.batches, 1);
@@ -186,11 +185,10 @@ impl Writer {
             Ok(results) => {
                 Counters::add(&self.counters.commands, n);
                 for (reply, result) in replies.into_iter().zip(results) {
-                    let result = result.map(&reply_of);
-                    if result.as_ref().map_or(true, &refused) {
+                    if result.as_ref().map_or(true, M::refused) {
                         Counters::add(&self.counters.failed_commands, 1);
                     }
-                    let _ = reply.send(result);
+                    let _ = reply.send(result.map(&reply_of));
                 }
             }
             Err(e) => {
@@ -215,7 +213,7 @@ impl Writer {
             fs.apply_group(&items)
         })();
         let replies = group.into_iter().map(|(_, reply)| reply).collect();
-        self.answer(replies, r, |reply| reply, Result::is_err);
+        self.answer::<FsWriter, _>(replies, r, |reply| reply);
     }
 
     fn commit_sql(&mut self, group: Vec<SqlItem>) {
@@ -258,12 +256,7 @@ impl Writer {
                 .into_iter()
                 .map(|(_, _, reply)| reply)
                 .collect();
-            self.answer(
-                replies,
-                r,
-                |held: Held| held.reply,
-                |a: &SqlReply| a.rolled_back,
-            );
+            self.answer::<SqlWriter, _>(replies, r, |held: Held| held.reply);
         }
     }
 
