@@ -87,6 +87,7 @@ pub enum FsOp {
     Write {
         ino: Ino,
         offset: u64,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         kill_suidgid: bool,
     },

@@ -23,9 +23,13 @@ pub fn sqlite_errno(code: Option<ErrorCode>) -> Errno {
 /// Async mode's lost changes (`PendingLost`) answer as their cause did,
 /// as a kernel's writeback error does at `fsync`: ENOSPC when the disk
 /// filled, EIO otherwise.
+///
+/// The command log's failure is ENOSPC when the disk is full (nothing was
+/// logged or applied); a stopped state machine answers as its cause.
 pub fn store_errno(e: &StoreError) -> Errno {
     match e {
         StoreError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => Errno::ENOSPC,
+        StoreError::Log(f) if f.disk_full => Errno::ENOSPC,
         other => sqlite_errno(other.sqlite_code()),
     }
 }
@@ -70,7 +74,7 @@ pub fn to_fuser(e: Errno) -> fuser::Errno {
 mod tests {
     use super::*;
     use rusqlite::ffi;
-    use tablix_store::SqliteFailure;
+    use tablix_store::{LogFailure, SqliteFailure};
 
     fn sqlite(code: i32) -> rusqlite::Error {
         rusqlite::Error::SqliteFailure(ffi::Error::new(code), Some("any text".into()))
@@ -124,12 +128,40 @@ mod tests {
                 StoreError::Failed(failure(ffi::SQLITE_NOMEM)),
                 Errno::ENOMEM,
             ),
-            (StoreError::PendingLost(full), Errno::ENOSPC),
+            (StoreError::PendingLost(full.clone()), Errno::ENOSPC),
             (
                 StoreError::PendingLost(failure(ffi::SQLITE_IOERR_FSYNC)),
                 Errno::EIO,
             ),
-            (StoreError::PendingLost(worded), Errno::EIO),
+            (StoreError::PendingLost(worded.clone()), Errno::EIO),
+            (
+                StoreError::Log(LogFailure {
+                    disk_full: true,
+                    message: "extending".into(),
+                }),
+                Errno::ENOSPC,
+            ),
+            (
+                StoreError::Log(LogFailure {
+                    disk_full: false,
+                    message: "database or disk is full".into(),
+                }),
+                Errno::EIO,
+            ),
+            (
+                StoreError::Stopped {
+                    applied: 3,
+                    cause: full.clone(),
+                },
+                Errno::ENOSPC,
+            ),
+            (
+                StoreError::Stopped {
+                    applied: 3,
+                    cause: worded,
+                },
+                Errno::EIO,
+            ),
             (
                 StoreError::Apply("database or disk is full".into()),
                 Errno::EIO,

@@ -61,7 +61,16 @@ pub struct StoreConfig {
     /// What /proc hides from other users (None: read it from this
     /// system's /proc mount).
     pub proc_visibility: Option<crate::sandbox::ProcVisibility>,
+    /// Size of a command log segment (`DATA/log/*.seg`), each written
+    /// full of zeros a chunk at a time and then recycled.
+    pub log_segment_bytes: u64,
+    /// Set by power-loss tests when the machine "dies": nothing more
+    /// reaches the command log's files (see `tablix_log::LogConfig`).
+    pub log_halt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
+
+/// Default of [`StoreConfig::log_segment_bytes`]: 64 MiB.
+pub const DEFAULT_LOG_SEGMENT_BYTES: u64 = 64 << 20;
 
 /// Default of [`StoreConfig::read_timeout`].
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -89,6 +98,8 @@ impl StoreConfig {
             memory_limit: DEFAULT_MEMORY_LIMIT,
             wal_limit: DEFAULT_WAL_LIMIT,
             proc_visibility: None,
+            log_segment_bytes: DEFAULT_LOG_SEGMENT_BYTES,
+            log_halt: None,
         }
     }
 
@@ -112,5 +123,10 @@ impl StoreConfig {
 
     pub fn database_path(&self) -> PathBuf {
         self.data_dir.join("tablix.db")
+    }
+
+    /// The directory of the command log.
+    pub fn log_dir(&self) -> PathBuf {
+        self.data_dir.join("log")
     }
 }

@@ -73,6 +73,33 @@ impl std::fmt::Display for SqliteFailure {
     }
 }
 
+/// A failure of the command log, kept as what callers decide by (a full
+/// disk or not) and its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogFailure {
+    pub disk_full: bool,
+    pub message: String,
+}
+
+impl std::fmt::Display for LogFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        if self.disk_full {
+            f.write_str(" (the disk is full)")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<tablix_log::LogError> for StoreError {
+    fn from(e: tablix_log::LogError) -> StoreError {
+        StoreError::Log(LogFailure {
+            disk_full: e.is_disk_full(),
+            message: e.to_string(),
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot create data directory {path}: {source}")]
@@ -121,6 +148,18 @@ pub enum StoreError {
     Failed(SqliteFailure),
     #[error("the store is shut down")]
     Closed,
+    /// The command log failed (a full disk while extending it, an I/O
+    /// error): the Commands of the request were not logged, so not
+    /// applied.
+    #[error("{0}; nothing of this request was applied")]
+    Log(LogFailure),
+    /// The state machine stopped applying the log: a failure of this node
+    /// after entries were logged. Nothing more is applied until restart,
+    /// which applies the logged entries the state lacks.
+    #[error(
+        "tablix stopped applying changes ({cause}); the state holds entries up to {applied} of the command log, and restarting tablix applies the rest"
+    )]
+    Stopped { applied: u64, cause: SqliteFailure },
     #[error(
         "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); no file-system change is accepted until the store is reopened"
     )]
@@ -136,6 +175,7 @@ impl StoreError {
     pub fn sqlite_code(&self) -> Option<ErrorCode> {
         match self {
             StoreError::Commit(f) | StoreError::Failed(f) | StoreError::PendingLost(f) => f.code(),
+            StoreError::Stopped { cause, .. } => cause.code(),
             StoreError::Sqlite(e) => e.sqlite_error_code(),
             _ => None,
         }
@@ -150,6 +190,11 @@ impl StoreError {
             StoreError::PendingLost(f) => StoreError::PendingLost(f.clone()),
             StoreError::Sqlite(e) => StoreError::Failed(SqliteFailure::of(e)),
             StoreError::Closed => StoreError::Closed,
+            StoreError::Log(f) => StoreError::Log(f.clone()),
+            StoreError::Stopped { applied, cause } => StoreError::Stopped {
+                applied: *applied,
+                cause: cause.clone(),
+            },
             StoreError::Busy(m) => StoreError::Busy(m.clone()),
             StoreError::Io(e) => StoreError::Io(match e.raw_os_error() {
                 Some(code) => std::io::Error::from_raw_os_error(code),

@@ -12,7 +12,8 @@ use tablix_fs::{Errno, FsError, FsOp};
 use tablix_vfs::ClockVfs;
 
 use crate::command::{Stamp, Stamped};
-use crate::config::{Durability, StoreConfig};
+use crate::command_log::{self, CommandLog};
+use crate::config::StoreConfig;
 use crate::error::{SqliteFailure, StoreError};
 use crate::group::{self, BEGIN_WRITE};
 use crate::outcome::FsResult;
@@ -59,6 +60,8 @@ pub(crate) struct FsWriter {
     /// hit a full disk): acknowledged file-system Commands are gone, so the
     /// kernel's view no longer matches and no further one is accepted.
     lost: Option<SqliteFailure>,
+    /// The last log entry applied in the pending transaction.
+    pending_upto: Option<tablix_log::LogId>,
     clock: ClockVfs,
 }
 
@@ -84,11 +87,10 @@ impl FsWriter {
                 path.display()
             )));
         }
-        let sync = match config.durability {
-            Durability::Sync => "FULL",
-            Durability::Async => "NORMAL",
-        };
-        conn.pragma_update(None, "synchronous", sync)?;
+        // The command log, synced before every commit, makes Commands
+        // durable; the state's own commits need not be (the last applied
+        // entry it records says where replay resumes).
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
         // A checkpoint fsyncs the WAL and the database: at SQLite's default
         // (every 1000 pages, 4 MiB) bulk file writes spend most of their time
         // in those syncs. 64 MiB between checkpoints keeps them rare while
@@ -119,6 +121,7 @@ impl FsWriter {
         Ok(FsWriter {
             conn,
             lost: None,
+            pending_upto: None,
             clock,
         })
     }
@@ -132,33 +135,55 @@ impl FsWriter {
         !self.conn.is_autocommit()
     }
 
-    /// Applies one file-system Command inside the open write transaction,
-    /// opening one if needed, without committing: async mode's fast path.
-    /// A failing Command is rolled back alone (its savepoint); the pending
-    /// ones stay. File-system Commands never end the transaction
-    /// themselves.
-    pub(crate) fn apply_pending(&mut self, item: &Stamped<FsOp>) -> Result<FsResult, StoreError> {
+    /// Logs one file-system Command and applies it inside the open write
+    /// transaction, opening one if needed, without committing: async
+    /// mode's fast path. Its log entry is synced, and the transaction
+    /// committed, by [`FsWriter::commit_pending`]. A Command the node
+    /// fails under is taken back from the log and rolled back alone (its
+    /// savepoint); the pending ones stay. File-system Commands never end
+    /// the transaction themselves.
+    pub(crate) fn apply_pending(
+        &mut self,
+        log: &mut CommandLog,
+        item: &Stamped<FsOp>,
+    ) -> Result<FsResult, StoreError> {
         if let Some(why) = &self.lost {
             return Err(StoreError::PendingLost(why.clone()));
         }
+        log.running()?;
+        let id = log.append_fs(item)?;
         let had_pending = !self.conn.is_autocommit();
-        if !had_pending {
-            self.pending_sql(BEGIN_WRITE)?;
+        if !had_pending && let Err(e) = self.pending_sql(BEGIN_WRITE) {
+            log.unlog_or_stop(id.index, &e);
+            return Err(e);
         }
         let r = self.pending_savepoint(item);
         if self.conn.is_autocommit() {
             // SQLite ended the transaction itself (a full disk while
-            // spilling pages): whatever was pending is gone.
+            // spilling pages): this Command did not happen, and what was
+            // pending is gone from the state, though not from the log.
             let why = match &r {
                 Err(StoreError::Failed(f) | StoreError::Commit(f)) => f.clone(),
                 Err(e) => SqliteFailure::without_code(e.to_string()),
                 Ok(_) => SqliteFailure::without_code("SQLite ended the transaction"),
             };
+            let e = StoreError::Failed(why.clone());
+            log.unlog_or_stop(id.index, &e);
             if had_pending {
-                return Err(self.mark_lost(why));
+                return Err(self.pending_gone(log, why));
+            }
+            return Err(e);
+        }
+        match r {
+            Ok(reply) => {
+                self.pending_upto = Some(id);
+                Ok(reply)
+            }
+            Err(e) => {
+                log.unlog_or_stop(id.index, &e);
+                Err(e)
             }
         }
-        r
     }
 
     fn pending_savepoint(&self, item: &Stamped<FsOp>) -> Result<FsResult, StoreError> {
@@ -171,24 +196,63 @@ impl FsWriter {
         r
     }
 
+    /// SQLite rolled back acknowledged pending Commands. Their entries are
+    /// in the log: once it is synced they are not lost, and the state
+    /// machine stops until a restart applies them. If the log cannot be
+    /// synced either, they are lost, and every later caller is told.
+    fn pending_gone(&mut self, log: &mut CommandLog, why: SqliteFailure) -> StoreError {
+        self.pending_upto = None;
+        match log.sync() {
+            Ok(()) => log.stop(why),
+            Err(e) => {
+                let why = SqliteFailure {
+                    code: why.code,
+                    message: format!("{why}; syncing the command log failed too: {e}"),
+                };
+                self.mark_lost(why)
+            }
+        }
+    }
+
     fn mark_lost(&mut self, why: SqliteFailure) -> StoreError {
         tracing::error!(
             "file-system changes acknowledged since the last flush were lost: {why}; refusing further changes until restart"
         );
+        self.pending_upto = None;
         self.lost = Some(why.clone());
         StoreError::PendingLost(why)
     }
 
-    /// Commits what [`FsWriter::apply_pending`] left open. On failure the
-    /// transaction stays open if SQLite kept it, to be retried; if SQLite
-    /// rolled it back, the store refuses further file-system changes.
-    pub(crate) fn commit_pending(&mut self) -> Result<(), StoreError> {
+    /// Commits what [`FsWriter::apply_pending`] left open: first its log
+    /// entries are synced (the state never holds what its log lacks), then
+    /// the transaction records the last of them and commits. If the log
+    /// cannot be synced, the pending Commands cannot become durable: they
+    /// are rolled back and declared lost. If COMMIT fails the transaction
+    /// stays open if SQLite kept it, to be retried; if SQLite rolled it
+    /// back, the state machine stops.
+    pub(crate) fn commit_pending(&mut self, log: &mut CommandLog) -> Result<(), StoreError> {
         if self.conn.is_autocommit() {
             return Ok(());
         }
+        if let Err(e) = log.sync() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            return Err(self.mark_lost(crate::command_log::failure_of(&e)));
+        }
+        if let Some(id) = self.pending_upto
+            && let Err(e) = command_log::record_applied(&self.conn, id)
+        {
+            return Err(StoreError::Commit(SqliteFailure::of(&e)));
+        }
         match self.pending_sql("COMMIT") {
-            Ok(()) => Ok(()),
-            Err(StoreError::Commit(f)) if self.conn.is_autocommit() => Err(self.mark_lost(f)),
+            Ok(()) => {
+                if let Some(id) = self.pending_upto.take() {
+                    log.applied_to(id);
+                }
+                Ok(())
+            }
+            Err(StoreError::Commit(f)) if self.conn.is_autocommit() => {
+                Err(self.pending_gone(log, f))
+            }
             Err(e) => Err(e),
         }
     }
@@ -199,13 +263,17 @@ impl FsWriter {
         group::control(&self.conn, sql).map_err(|e| StoreError::Commit(SqliteFailure::of(&e)))
     }
 
-    /// Applies file-system Commands as one group commit.
+    /// Applies file-system Commands logged from entry `first` on as one
+    /// group commit, which records the last of them.
     pub(crate) fn apply_group(
         &self,
         items: &[&Stamped<FsOp>],
+        first: u64,
     ) -> Result<Vec<Result<FsResult, StoreError>>, StoreError> {
         let items: Vec<(&Stamped<FsOp>, &())> = items.iter().map(|i| (*i, &())).collect();
-        group::commit(self, &items, usize::MAX)
+        group::commit(self, &items, usize::MAX, |conn, n| {
+            command_log::record_applied(conn, CommandLog::id_at(first, n))
+        })
     }
 
     /// Writes the WAL to stable storage (async mode's bounded flush),

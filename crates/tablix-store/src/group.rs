@@ -45,14 +45,19 @@ fn batch_sql(conn: &Connection, sql: &str) -> Result<(), StoreError> {
 /// first item always fits, so every call makes progress, and the replies
 /// held never exceed `budget` plus one item's own.
 ///
+/// Before COMMIT, `mark` is called with the number of items the group
+/// applied (or refused), inside the transaction: the store records there
+/// the last log entry the group holds.
+///
 /// Returns the replies of a prefix of `items`, never empty unless `items`
-/// is; `Err` only when the group as a whole failed (BEGIN, SAVEPOINT or
-/// COMMIT, or the node failing under an item, `StoreError::Failed`): then
-/// nothing of it is applied.
+/// is; `Err` only when the group as a whole failed (BEGIN, SAVEPOINT,
+/// `mark` or COMMIT, or the node failing under an item,
+/// `StoreError::Failed`): then nothing of it is applied.
 pub(crate) fn commit<M: Grouped>(
     machine: &M,
     items: &[(&Stamped<M::Op>, &M::Bounds)],
     budget: usize,
+    mark: impl Fn(&Connection, usize) -> rusqlite::Result<()>,
 ) -> Result<Vec<Result<M::Reply, StoreError>>, StoreError> {
     let conn = machine.connection();
     // Items that ended the whole transaction, with their replies; they
@@ -102,6 +107,10 @@ pub(crate) fn commit<M: Grouped>(
             }
             batch_sql(conn, "RELEASE tablix_command")?;
             results.push(r);
+        }
+        if let Err(e) = mark(conn, results.len()) {
+            let _ = conn.execute_batch("ROLLBACK");
+            return Err(StoreError::Commit(SqliteFailure::of(&e)));
         }
         batch_sql(conn, "COMMIT")?;
         return Ok(results);
@@ -184,7 +193,7 @@ mod tests {
         budget: usize,
     ) -> Vec<Result<(bool, usize), StoreError>> {
         let refs: Vec<(&Stamped<Item>, &())> = items.iter().map(|i| (i, &())).collect();
-        commit(m, &refs, budget).expect("group")
+        commit(m, &refs, budget, |_, _| Ok(())).expect("group")
     }
 
     fn dump(m: &Machine) -> Vec<(i64, Option<String>)> {

@@ -22,6 +22,7 @@
 mod audit;
 mod budget;
 mod command;
+mod command_log;
 mod config;
 mod error;
 mod exec;
@@ -51,10 +52,10 @@ pub use command::{
     DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,
 };
 pub use config::{
-    DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT, DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT,
-    DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
+    DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT,
+    DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
 };
-pub use error::{SqliteFailure, StoreError};
+pub use error::{LogFailure, SqliteFailure, StoreError};
 pub use exec::{Cell, Sink, Stop};
 pub use outcome::{FsResult, PipeResult, Rows, SqlReply, StatementOutcome, StatementResult};
 pub use policy::is_system_table;

@@ -26,7 +26,7 @@ use rusqlite::{Connection, OpenFlags};
 use tablix_vfs::ClockVfs;
 
 use crate::budget::{Guard, Limits, PROGRESS_OPS, Watchdog, Watched};
-use crate::config::{Durability, StoreConfig};
+use crate::config::StoreConfig;
 use crate::error::StoreError;
 use crate::policy::{Policy, Rules, State};
 use crate::principal::Principal;
@@ -200,11 +200,8 @@ impl UserConn {
         };
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         if role == Role::Writer {
-            let sync = match config.durability {
-                Durability::Sync => "FULL",
-                Durability::Async => "NORMAL",
-            };
-            conn.pragma_update(None, "synchronous", sync)?;
+            // Durability comes from the command log (see `fs_writer.rs`).
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
             conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
             conn.pragma_update(
                 None,

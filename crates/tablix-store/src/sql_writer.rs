@@ -6,6 +6,7 @@ use rusqlite::Connection;
 
 use crate::budget::Limits;
 use crate::command::{SqlCommand, Stamp, Stamped};
+use crate::command_log::{self, CommandLog};
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Stop};
 use crate::group;
@@ -24,15 +25,33 @@ impl SqlWriter {
         self.uc.refresh_mem(image)
     }
 
-    /// Applies user SQL Commands as one group commit, ending the group
-    /// early when the results it holds would pass `budget` bytes (see
-    /// [`group::commit`]): returns the replies of a prefix.
+    /// Applies user SQL Commands logged from entry `first` on as one
+    /// group commit, ending the group early when the results it holds
+    /// would pass `budget` bytes (see [`group::commit`]): returns the
+    /// replies of a prefix, whose last entry the commit records.
     pub(crate) fn apply_group(
         &self,
         items: &[(&Stamped<SqlCommand>, &Limits)],
         budget: usize,
+        first: u64,
     ) -> Result<Vec<Result<Held, StoreError>>, StoreError> {
-        group::commit(self, items, budget)
+        group::commit(self, items, budget, |conn, n| {
+            command_log::record_applied(conn, CommandLog::id_at(first, n))
+        })
+    }
+
+    /// The reply to a Command whose client went away before it was
+    /// logged: it never runs.
+    pub(crate) fn cancelled() -> SqlReply {
+        SqlReply {
+            rolled_back: true,
+            statements: vec![StatementOutcome {
+                result: StatementResult::Error(
+                    "statement cancelled: the client went away before it ran".into(),
+                ),
+                seconds: 0.0,
+            }],
+        }
     }
 }
 
@@ -60,18 +79,6 @@ impl StateMachine for SqlWriter {
             transaction,
             principal,
         } = op;
-        if limits.cancel.is_cancelled() {
-            let reply = SqlReply {
-                rolled_back: true,
-                statements: vec![StatementOutcome {
-                    result: StatementResult::Error(
-                        "statement cancelled: the client went away before it ran".into(),
-                    ),
-                    seconds: 0.0,
-                }],
-            };
-            return Ok(Held { reply, bytes: 0 });
-        }
         self.uc.set_stamp(stamp);
         let _running = self.uc.begin(principal, limits);
         let mut sink = Collect::new(limits.max_result_bytes);

@@ -18,6 +18,7 @@ use tablix_pipe::PipeOp;
 use tablix_proc::ProcOp;
 
 use crate::command::{DaemonRecord, SqlCommand, Stamp, Stamped, Statement};
+use crate::command_log::{self, CommandLog};
 use crate::config::StoreConfig;
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Sink};
@@ -76,8 +77,9 @@ pub struct Store {
     /// groups on it, and in async mode file-system Commands are applied
     /// on it directly.
     fs: Arc<Mutex<FsWriter>>,
-    /// One write transaction at a time on the persistent database.
-    turn: Arc<Mutex<()>>,
+    /// The command log, and the write turn: one write transaction at a
+    /// time on the persistent database, its entries logged in order.
+    log: Arc<Mutex<CommandLog>>,
     tx: Mutex<Option<Sender<Request>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// User SQL's read-only connections.
@@ -174,13 +176,30 @@ impl Store {
         let sql = SqlWriter {
             uc: UserConn::open(&setup, Role::Writer, &image)?,
         };
+        let (mut log, recovered) = CommandLog::open(&config)?;
+        if let Some((segment, offset)) = &recovered.torn_tail {
+            tracing::warn!(
+                "the command log ended in a torn write at byte {offset} of {} (never synced, so never acknowledged); it is cut there",
+                segment.display()
+            );
+        }
+        if recovered.orphaned_segments > 0 {
+            tracing::warn!(
+                "{} command log segment(s) did not continue the log and were recycled",
+                recovered.orphaned_segments
+            );
+        }
+        {
+            let fs = fs.lock().map_err(|_| StoreError::Closed)?;
+            command_log::replay(&mut log, &fs, &sql, &config)?;
+        }
+        let log = Arc::new(Mutex::new(log));
         let counters = Arc::new(Counters::default());
-        let turn = Arc::new(Mutex::new(()));
         let (tx, rx) = mpsc::channel();
         let writer = Writer {
             fs: Arc::clone(&fs),
             sql,
-            turn: Arc::clone(&turn),
+            log: Arc::clone(&log),
             volatile: Arc::clone(&volatile),
             config: config.clone(),
             counters: Arc::clone(&counters),
@@ -192,7 +211,7 @@ impl Store {
         Ok(Store {
             config,
             fs,
-            turn,
+            log,
             tx: Mutex::new(Some(tx)),
             writer: Mutex::new(Some(handle)),
             readers,
@@ -301,14 +320,14 @@ impl Store {
         if self.config.durability == crate::config::Durability::Sync {
             return self.apply_fs(stamp, op);
         }
-        // The turn first, so that waiting for it never holds the
-        // connection the mount's reads need.
-        let turn = self.turn.lock().map_err(|_| StoreError::Closed)?;
+        // The log (the write turn) first, so that waiting for it never
+        // holds the connection the mount's reads need.
+        let mut log = self.log.lock().map_err(|_| StoreError::Closed)?;
         let mut fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
         let began = !fs.has_pending();
-        let r = fs.apply_pending(&Stamped::new(stamp, op));
+        let r = fs.apply_pending(&mut log, &Stamped::new(stamp, op));
         drop(fs);
-        drop(turn);
+        drop(log);
         Counters::add(&self.counters.commands, 1);
         if began {
             self.send(Request::Pending)?;

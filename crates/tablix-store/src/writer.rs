@@ -14,6 +14,7 @@ use tokio::sync::oneshot;
 
 use crate::budget::Limits;
 use crate::command::{SqlCommand, Stamped};
+use crate::command_log::CommandLog;
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
 use crate::fs_writer::FsWriter;
@@ -42,11 +43,12 @@ pub(crate) enum Request {
 pub(crate) struct Writer {
     pub(crate) fs: Arc<Mutex<FsWriter>>,
     pub(crate) sql: SqlWriter,
-    /// Held while either connection writes a group or an async-mode
-    /// operation: one write transaction at a time, and never a file-system
-    /// operation waiting on SQLite's lock while holding the file system's
-    /// connection (which its reads need).
-    pub(crate) turn: Arc<Mutex<()>>,
+    /// The command log, and the write turn: held while either connection
+    /// logs and writes a group or an async-mode operation. One write
+    /// transaction at a time, entries appended in the order applied, and
+    /// never a file-system operation waiting on SQLite's lock while
+    /// holding the file system's connection (which its reads need).
+    pub(crate) log: Arc<Mutex<CommandLog>>,
     pub(crate) volatile: Arc<Volatile>,
     pub(crate) config: StoreConfig,
     pub(crate) counters: Arc<Counters>,
@@ -136,13 +138,20 @@ impl Writer {
         if let Err(e) = self.flush() {
             tracing::error!("final flush failed: {e}");
         }
-        match self.fs() {
-            Ok(fs) => {
-                if let Err(e) = fs.checkpoint() {
-                    tracing::warn!("final checkpoint failed: {e}");
+        match (self.log(), self.fs()) {
+            (Ok(mut log), Ok(fs)) => match fs.checkpoint() {
+                // Everything the state holds is in the database file, synced:
+                // the log need not keep it.
+                Ok(()) => {
+                    if let Some(applied) = log.applied()
+                        && let Err(e) = log.purge(applied)
+                    {
+                        tracing::warn!("purging the command log at close: {e}");
+                    }
                 }
-            }
-            Err(e) => tracing::error!("final checkpoint: {e}"),
+                Err(e) => tracing::warn!("final checkpoint failed: {e}"),
+            },
+            _ => tracing::error!("final checkpoint: the store's locks are poisoned"),
         }
     }
 
@@ -150,8 +159,8 @@ impl Writer {
         self.fs.lock().map_err(|_| StoreError::Closed)
     }
 
-    fn turn(&self) -> Result<MutexGuard<'_, ()>, StoreError> {
-        self.turn.lock().map_err(|_| StoreError::Closed)
+    fn log(&self) -> Result<MutexGuard<'_, CommandLog>, StoreError> {
+        self.log.lock().map_err(|_| StoreError::Closed)
     }
 
     /// Commits what was gathered: the file system's Commands first, then
@@ -201,22 +210,54 @@ impl Writer {
         }
     }
 
+    /// Logs a group of file-system Commands, syncs the log, applies them
+    /// in one transaction that records the last entry, and answers.
     fn commit_fs(&self, group: Vec<FsItem>) {
         let r = (|| {
-            let _turn = self.turn()?;
+            let mut log = self.log()?;
             let mut fs = self.fs()?;
             // Acknowledged async-mode operations commit first; if that
             // fails they stay pending, untouched, and this group waits.
-            fs.commit_pending()?;
+            fs.commit_pending(&mut log)?;
+            log.running()?;
             let items: Vec<&Stamped<tablix_fs::FsOp>> =
                 group.iter().map(|(c, _)| c.as_ref()).collect();
-            fs.apply_group(&items)
+            let first = log.next_index();
+            let logged = (|| {
+                for item in &items {
+                    log.append_fs(item)?;
+                }
+                log.sync()
+            })();
+            if let Err(e) = logged {
+                log.unlog_or_stop(first, &e);
+                return Err(e);
+            }
+            let r = fs.apply_group(&items, first);
+            match &r {
+                Ok(done) => log.applied_to(CommandLog::id_at(first, done.len())),
+                Err(e) => log.unlog_or_stop(first, e),
+            }
+            self.purge_if_due(&mut log, &fs);
+            r
         })();
         let replies = group.into_iter().map(|(_, reply)| reply).collect();
         self.answer::<FsWriter, _>(replies, r, |reply| reply);
     }
 
     fn commit_sql(&mut self, group: Vec<SqlItem>) {
+        // A Command whose client went away is answered without running,
+        // before it is logged: a logged Command always runs.
+        let (group, gone): (Vec<SqlItem>, Vec<SqlItem>) = group
+            .into_iter()
+            .partition(|(_, limits, _)| !limits.cancel.is_cancelled());
+        for (_, _, reply) in gone {
+            Counters::add(&self.counters.failed_commands, 1);
+            let _ = reply.send(Ok(SqlWriter::cancelled()));
+        }
+        if group.is_empty() {
+            return;
+        }
         // A fresh image of the memory database when a Command reads it;
         // outside any transaction.
         let rules = self.sql.uc.policy.rules();
@@ -235,22 +276,53 @@ impl Writer {
         {
             tracing::warn!("refreshing the memory database's image for SQL: {e}");
         }
-        // Results are held until their group is answered: a group ends
-        // where they would pass one request's bound, the rest follows as
-        // the next group.
+        let log_arc = Arc::clone(&self.log);
+        let mut log = match log_arc.lock() {
+            Ok(log) => log,
+            Err(_) => {
+                let replies = group.into_iter().map(|(_, _, reply)| reply).collect();
+                self.answer::<SqlWriter, _>(replies, Err(StoreError::Closed), |h: Held| h.reply);
+                return;
+            }
+        };
+        // The whole group is logged and synced once; results are held
+        // until their part is answered: a part ends where they would pass
+        // one request's bound, the rest follows as the next part.
+        let mut first = log.next_index();
+        let logged = (|| {
+            self.fs()?.commit_pending(&mut log)?;
+            log.running()?;
+            first = log.next_index();
+            for (c, _, _) in &group {
+                log.append_sql(c)?;
+            }
+            log.sync()
+        })();
+        if let Err(e) = logged {
+            log.unlog_or_stop(first, &e);
+            let replies = group.into_iter().map(|(_, _, reply)| reply).collect();
+            self.answer::<SqlWriter, _>(replies, Err(e), |h: Held| h.reply);
+            return;
+        }
         let mut rest = group;
         while !rest.is_empty() {
-            let r = (|| {
-                let _turn = self.turn()?;
-                self.fs()?.commit_pending()?;
-                let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
-                    rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
-                self.sql.apply_group(&items, self.config.max_result_bytes)
-            })();
+            let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
+                rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
+            let r = self
+                .sql
+                .apply_group(&items, self.config.max_result_bytes, first);
+            drop(items);
             let done = match &r {
-                Ok(results) => results.len().max(1),
-                Err(_) => rest.len(),
+                Ok(results) => {
+                    log.applied_to(CommandLog::id_at(first, results.len().max(1)));
+                    results.len().max(1)
+                }
+                Err(e) => {
+                    log.unlog_or_stop(first, e);
+                    rest.len()
+                }
             };
+            first += done as u64;
             let later = rest.split_off(done.min(rest.len()));
             let replies = std::mem::replace(&mut rest, later)
                 .into_iter()
@@ -258,17 +330,38 @@ impl Writer {
                 .collect();
             self.answer::<SqlWriter, _>(replies, r, |held: Held| held.reply);
         }
+        if let Ok(fs) = self.fs() {
+            self.purge_if_due(&mut log, &fs);
+        }
     }
 
-    fn flush(&self) -> Result<(), StoreError> {
-        if self.config.durability == Durability::Sync {
-            // SQLite's commit already fsync'ed (synchronous=FULL).
-            return Ok(());
+    /// Once the log holds more than a segment, makes the state's commits
+    /// durable (one fsync of the WAL) and purges the entries they hold.
+    fn purge_if_due(&self, log: &mut CommandLog, fs: &FsWriter) {
+        if log.bytes() <= self.config.log_segment_bytes {
+            return;
         }
-        Counters::add(&self.counters.flushes, 1);
+        let Some(applied) = log.applied() else {
+            return;
+        };
+        if let Err(e) = fs.sync_wal().and_then(|()| log.purge(applied)) {
+            tracing::warn!("purging the command log up to entry {}: {e}", applied.index);
+        }
+    }
+
+    /// Makes every acknowledged Command durable: syncs the log and
+    /// commits async mode's pending transaction.
+    fn flush(&self) -> Result<(), StoreError> {
+        if self.config.durability == Durability::Async {
+            Counters::add(&self.counters.flushes, 1);
+        }
+        let mut log = self.log()?;
         let mut fs = self.fs()?;
-        fs.commit_pending()?;
-        fs.sync_wal()
+        fs.commit_pending(&mut log)?;
+        log.running()?;
+        log.sync()?;
+        self.purge_if_due(&mut log, &fs);
+        Ok(())
     }
 
     /// Checkpoints and truncates the WAL when it outgrew its bound.
@@ -279,9 +372,9 @@ impl Writer {
             return false;
         }
         let r = (|| {
-            let _turn = self.turn()?;
+            let mut log = self.log()?;
             let mut fs = self.fs()?;
-            fs.commit_pending()?;
+            fs.commit_pending(&mut log)?;
             fs.try_cut_wal(&self.wal, self.config.wal_limit)
         })();
         match r {

@@ -52,6 +52,7 @@ fn mounted(store: &Store) {
 /// without tablix), each with whether its content is intact; panics
 /// unless the file system checks clean.
 fn files_after(data: &Path) -> Vec<(String, bool)> {
+    super::recover(data);
     let conn = Connection::open(data.join("tablix.db")).unwrap();
     let report = check(
         &conn,
@@ -117,8 +118,8 @@ fn file_system_writes_survive_power_loss_as_each_mode_promises() {
 
 /// A flush that fails under acknowledged async-mode writes, and groups
 /// that wait behind it: the writes are either committed once the disk
-/// works again, or declared lost to every later caller. Never gone in
-/// silence.
+/// works again, or (rolled back by SQLite) applied from the command log
+/// at restart. Never gone in silence.
 #[test]
 fn io_errors_under_pending_file_system_writes_never_lose_them_silently() {
     let (fault, dir, config) = faulty_store(Durability::Async);
@@ -151,13 +152,17 @@ fn io_errors_under_pending_file_system_writes_never_lose_them_silently() {
             assert_eq!(names(&files), ["f0", "f1", "f2", "f3"]);
             assert!(files.iter().all(|(_, intact)| *intact), "{files:?}");
         }
-        Err(StoreError::PendingLost(why)) => {
-            // Declared lost: and so to every later caller.
+        Err(StoreError::Stopped { cause, .. }) => {
+            // SQLite rolled the pending writes back, but their log entries
+            // were synced: the state machine stops (and says so to every
+            // later caller), and the restart applies them from the log.
             let again = make_file(&store, 4).unwrap_err();
-            assert!(matches!(again, StoreError::PendingLost(_)), "{again}");
+            assert!(matches!(again, StoreError::Stopped { .. }), "{again}");
+            assert!(cause.code.is_some(), "the stop carries no SQLite code");
             drop(store);
-            files_after(dir.path());
-            assert!(why.code.is_some(), "the loss carries no SQLite code");
+            let files = files_after(dir.path());
+            assert_eq!(names(&files), ["f0", "f1", "f2"]);
+            assert!(files.iter().all(|(_, intact)| *intact), "{files:?}");
         }
         Err(other) => panic!("after the disk recovered: {other}"),
     }
@@ -192,7 +197,10 @@ fn a_full_disk_fails_file_system_writes_typed_and_keeps_what_was_acknowledged() 
             "{mode:?}: {failed:?}"
         );
         fault.fill_disk(false);
-        store.flush().wait().unwrap();
+        match (mode, store.flush().wait()) {
+            (_, Ok(())) | (Durability::Async, Err(StoreError::Stopped { .. })) => {}
+            (_, Err(e)) => panic!("{mode:?}: flushing once space is back: {e}"),
+        }
         let later = make_file(&store, 3);
         drop(store);
         let files = files_after(dir.path());
@@ -212,8 +220,10 @@ fn a_full_disk_fails_file_system_writes_typed_and_keeps_what_was_acknowledged() 
             (Durability::Async, Ok(())) => {
                 assert!(shown == ["f0", "f1", "f2", "f3"], "{mode:?}: {shown:?}")
             }
-            (Durability::Async, Err(StoreError::PendingLost(_))) => {
-                assert_eq!(shown, ["f0", "f1"], "{mode:?}")
+            // SQLite rolled them back: the state machine stopped, and
+            // the restart applied them from the log.
+            (Durability::Async, Err(StoreError::Stopped { .. })) => {
+                assert_eq!(shown, ["f0", "f1", "f2"], "{mode:?}")
             }
             (_, Err(e)) => panic!("{mode:?}: after space came back: {e}"),
         }

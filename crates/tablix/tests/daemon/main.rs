@@ -348,13 +348,13 @@ fn the_shell_runs_batches_files_transactions_and_dumps() {
 }
 
 #[test]
-fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
+fn kill_9_during_acknowledged_sync_writes_applies_each_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let d = Daemon::start(&data, &["--mode", "sync"]);
     d.post(
         "/db/execute",
-        r#"["CREATE TABLE acked(id INTEGER PRIMARY KEY, pad TEXT)"]"#,
+        r#"["CREATE TABLE acked(id INTEGER PRIMARY KEY, pad TEXT)", "CREATE TABLE applied(n INTEGER)", "INSERT INTO applied VALUES (0)"]"#,
     );
     let acked = Arc::new(Mutex::new(BTreeSet::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -366,8 +366,10 @@ fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let id = w * 1_000_000_000 + i;
+                // The counter is not idempotent: a Command applied twice
+                // (replayed from the log over a state that held it) shows.
                 let body = format!(
-                    r#"[["INSERT INTO acked VALUES (?, ?)", {id}, "{}"]]"#,
+                    r#"[["INSERT INTO acked VALUES (?, ?)", {id}, "{}"], "UPDATE applied SET n = n + 1"]"#,
                     "x".repeat(200)
                 );
                 let ok = agent
@@ -402,9 +404,14 @@ fn kill_9_during_acknowledged_sync_writes_loses_nothing() {
     let d = Daemon::start(&data, &[]);
     let j = d.post(
         "/db/query",
-        r#"["PRAGMA integrity_check", "SELECT id FROM acked"]"#,
+        r#"["PRAGMA integrity_check", "SELECT id FROM acked", "SELECT n = (SELECT count(*) FROM acked) FROM applied"]"#,
     );
     assert_eq!(j["results"][0]["values"], serde_json::json!([["ok"]]));
+    assert_eq!(
+        j["results"][2]["values"],
+        serde_json::json!([[1]]),
+        "a Command was applied more or less than once"
+    );
     let stored: BTreeSet<i64> = j["results"][1]["values"]
         .as_array()
         .unwrap()

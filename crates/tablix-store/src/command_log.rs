@@ -1,0 +1,421 @@
+//! The store's side of the command log: replicated Commands encoded as
+//! log entries, and the last applied entry recorded in the state.
+//!
+//! Every replicated Command is appended before it is applied, and the
+//! transaction that applies it records its id (`applied_index`,
+//! `applied_term` in `tablix_meta`), so after a crash the state says
+//! exactly which entries it holds and the rest are applied again from the
+//! log, each once. The log is synced before any transaction that applies
+//! its entries commits: the state never holds a change its log lacks.
+
+use rusqlite::{Connection, OptionalExtension};
+use serde::Serialize;
+use tablix_fs::FsOp;
+use tablix_log::{Log, LogConfig, LogError, LogId, Recovered};
+
+use crate::budget::Limits;
+use crate::command::{ReplicatedCommand, SqlCommand, Stamp, Stamped};
+use crate::config::StoreConfig;
+use crate::error::{SqliteFailure, StoreError};
+use crate::fs_writer::FsWriter;
+use crate::sql_writer::SqlWriter;
+
+/// A typed failure of the node behind `e`, for the state machine's stop.
+pub(crate) fn failure_of(e: &StoreError) -> SqliteFailure {
+    match e {
+        StoreError::Commit(f) | StoreError::Failed(f) | StoreError::PendingLost(f) => f.clone(),
+        StoreError::Stopped { cause, .. } => cause.clone(),
+        StoreError::Log(f) if f.disk_full => {
+            SqliteFailure::with_code(rusqlite::ffi::SQLITE_FULL, &f.message)
+        }
+        StoreError::Log(f) => SqliteFailure::with_code(rusqlite::ffi::SQLITE_IOERR, &f.message),
+        other => SqliteFailure::without_code(other.to_string()),
+    }
+}
+
+/// The first byte of every entry's payload: the encoding's version.
+const FORMAT: u8 = 1;
+
+/// The term of a single node's entries (replication brings elections).
+pub(crate) const SINGLE_NODE_TERM: u64 = 1;
+
+/// A replicated Command borrowed for encoding: the same bytes as
+/// `Stamped<ReplicatedCommand>`, without copying the Command.
+#[derive(Serialize)]
+enum CommandRef<'a> {
+    Sql(&'a SqlCommand),
+    Fs(&'a FsOp),
+}
+
+#[derive(Serialize)]
+struct StampedRef<'a> {
+    stamp: Stamp,
+    command: CommandRef<'a>,
+}
+
+pub(crate) struct CommandLog {
+    log: Log,
+    scratch: Vec<u8>,
+    /// The last entry a committed transaction applied.
+    applied: Option<LogId>,
+    /// Set once the state machine stopped: why, typed.
+    stopped: Option<SqliteFailure>,
+}
+
+impl CommandLog {
+    pub(crate) fn open(config: &StoreConfig) -> Result<(CommandLog, Recovered), StoreError> {
+        let (log, recovered) = Log::open(
+            &config.log_dir(),
+            LogConfig {
+                segment_bytes: config.log_segment_bytes,
+                halt: config.log_halt.clone(),
+                ..LogConfig::default()
+            },
+        )?;
+        Ok((
+            CommandLog {
+                log,
+                scratch: Vec::new(),
+                applied: None,
+                stopped: None,
+            },
+            recovered,
+        ))
+    }
+
+    /// Refuses with [`StoreError::Stopped`] once the state machine stopped.
+    pub(crate) fn running(&self) -> Result<(), StoreError> {
+        match &self.stopped {
+            Some(cause) => Err(self.stopped_error(cause.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn stopped_error(&self, cause: SqliteFailure) -> StoreError {
+        StoreError::Stopped {
+            applied: self.applied.map_or(0, |a| a.index),
+            cause,
+        }
+    }
+
+    /// Stops the state machine: entries are logged that the state lacks
+    /// and cannot take now. Every later write is refused; a restart
+    /// applies them from the log.
+    pub(crate) fn stop(&mut self, cause: SqliteFailure) -> StoreError {
+        tracing::error!(
+            "the state machine stopped at entry {} of the command log: {cause}; restart tablix to apply the rest",
+            self.applied.map_or(0, |a| a.index)
+        );
+        let e = self.stopped_error(cause.clone());
+        self.stopped.get_or_insert(cause);
+        e
+    }
+
+    /// Takes back entries from `since` on that were logged for a group
+    /// that failed on this node; if they cannot be taken back, the state
+    /// machine stops (they would be applied at restart).
+    pub(crate) fn unlog_or_stop(&mut self, since: u64, cause: &StoreError) {
+        if let Err(e) = self.unlog(since) {
+            let cause = match cause.sqlite_code() {
+                Some(_) => failure_of(cause),
+                None => SqliteFailure::without_code(format!("{cause}; taking it back: {e}")),
+            };
+            self.stop(cause);
+        }
+    }
+
+    /// The state now holds every entry up to `id`, committed.
+    pub(crate) fn applied_to(&mut self, id: LogId) {
+        self.applied = Some(id);
+    }
+
+    pub(crate) fn applied(&self) -> Option<LogId> {
+        self.applied
+    }
+
+    /// The id of the `n`th entry (1-based) of a group starting at `first`.
+    pub(crate) fn id_at(first: u64, n: usize) -> LogId {
+        LogId {
+            term: SINGLE_NODE_TERM,
+            index: first + n as u64 - 1,
+        }
+    }
+
+    fn append(&mut self, command: CommandRef<'_>, stamp: Stamp) -> Result<LogId, StoreError> {
+        self.scratch.clear();
+        self.scratch.push(FORMAT);
+        let encoded = postcard::to_extend(
+            &StampedRef { stamp, command },
+            std::mem::take(&mut self.scratch),
+        )
+        .map_err(|e| StoreError::Apply(format!("encoding a log entry: {e}")))?;
+        self.scratch = encoded;
+        let id = LogId {
+            term: SINGLE_NODE_TERM,
+            index: self.log.next_index(),
+        };
+        self.log.append(id, &self.scratch)?;
+        Ok(id)
+    }
+
+    pub(crate) fn append_fs(&mut self, c: &Stamped<FsOp>) -> Result<LogId, StoreError> {
+        self.append(CommandRef::Fs(&c.command), c.stamp)
+    }
+
+    pub(crate) fn append_sql(&mut self, c: &Stamped<SqlCommand>) -> Result<LogId, StoreError> {
+        self.append(CommandRef::Sql(&c.command), c.stamp)
+    }
+
+    /// Makes every appended entry durable.
+    pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
+        Ok(self.log.sync()?)
+    }
+
+    /// Takes back the entries from `since` on, which were appended but not
+    /// applied and never acknowledged (their group failed on this node).
+    pub(crate) fn unlog(&mut self, since: u64) -> Result<(), StoreError> {
+        Ok(self.log.truncate(since)?)
+    }
+
+    pub(crate) fn next_index(&self) -> u64 {
+        self.log.next_index()
+    }
+
+    pub(crate) fn last(&self) -> Option<LogId> {
+        self.log.last()
+    }
+
+    pub(crate) fn first_index(&self) -> u64 {
+        self.log.first_index()
+    }
+
+    /// Bytes the log holds.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.log.bytes()
+    }
+
+    /// Forgets the entries the state holds durably, up to `upto`.
+    pub(crate) fn purge(&mut self, upto: LogId) -> Result<(), StoreError> {
+        Ok(self.log.purge(upto)?)
+    }
+
+    /// The entries from `from` on, decoded.
+    pub(crate) fn read_from(
+        &self,
+        from: u64,
+    ) -> Result<Vec<(LogId, Stamped<ReplicatedCommand>)>, StoreError> {
+        let mut out = Vec::new();
+        for e in self.log.entries(from..self.log.next_index())? {
+            out.push((e.id, decode(e.id, &e.payload)?));
+        }
+        Ok(out)
+    }
+}
+
+fn decode(id: LogId, payload: &[u8]) -> Result<Stamped<ReplicatedCommand>, StoreError> {
+    let bad = |what: String| {
+        StoreError::from(LogError::Corrupt {
+            path: std::path::PathBuf::from("log"),
+            index: id.index,
+            offset: 0,
+            detail: what,
+        })
+    };
+    match payload.split_first() {
+        Some((&FORMAT, rest)) => {
+            postcard::from_bytes(rest).map_err(|e| bad(format!("its Command does not decode: {e}")))
+        }
+        Some((v, _)) => Err(bad(format!(
+            "it is written in format {v}, which this build does not know"
+        ))),
+        None => Err(bad("it is empty".into())),
+    }
+}
+
+/// Most entries replayed in one transaction.
+const REPLAY_GROUP: usize = 256;
+
+/// Brings the state up to the log at open: applies the entries after the
+/// last one the state holds, in order, in groups of one kind, each group
+/// recording its last entry. A log that ends before the state (its tail
+/// was lost) continues after the state; a log that starts after it (its
+/// middle was lost) is refused: entries would be skipped.
+pub(crate) fn replay(
+    log: &mut CommandLog,
+    fs: &FsWriter,
+    sql: &SqlWriter,
+    config: &StoreConfig,
+) -> Result<(), StoreError> {
+    let applied = applied(fs.connection())?;
+    let a = applied.map_or(0, |a| a.index);
+    log.applied = applied;
+    if log.first_index() > a + 1 {
+        return Err(StoreError::Open(format!(
+            "the command log in {} starts at entry {}, but the state holds entries only up to {a}: entries {}..={} are missing, so tablix will not skip them. Keep a copy of the data directory; moving the log directory aside makes tablix start from the state as it is",
+            config.log_dir().display(),
+            log.first_index(),
+            a + 1,
+            log.first_index() - 1
+        )));
+    }
+    let last = log.last().map_or(0, |l| l.index);
+    if last < a {
+        if let Some(applied) = applied {
+            tracing::warn!(
+                "the command log ends at entry {last}, before the state's last entry {a} (its tail was lost or the log removed); new entries continue from {}",
+                a + 1
+            );
+            log.purge(applied)?;
+        }
+        return Ok(());
+    }
+    let entries = log.read_from(a + 1)?;
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let count = entries.len();
+    let limits = config.write_limits();
+    let mut fs_run: Vec<Stamped<FsOp>> = Vec::new();
+    let mut sql_run: Vec<Stamped<SqlCommand>> = Vec::new();
+    let mut run_first = a + 1;
+    let fail = |e: StoreError, at: u64| {
+        StoreError::Open(format!(
+            "applying entry {at} of the command log at start failed: {e}; nothing after entry {} is applied, and the next start tries again",
+            at - 1
+        ))
+    };
+    let flush_fs = |run: &mut Vec<Stamped<FsOp>>, first: u64| -> Result<(), StoreError> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<&Stamped<FsOp>> = run.iter().collect();
+        fs.apply_group(&items, first).map_err(|e| fail(e, first))?;
+        run.clear();
+        Ok(())
+    };
+    let flush_sql =
+        |run: &mut Vec<Stamped<SqlCommand>>, mut first: u64| -> Result<(), StoreError> {
+            let mut rest: &[Stamped<SqlCommand>] = run;
+            while !rest.is_empty() {
+                let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
+                    rest.iter().map(|c| (c, &limits)).collect();
+                let done = sql
+                    .apply_group(&items, config.max_result_bytes, first)
+                    .map_err(|e| fail(e, first))?
+                    .len()
+                    .max(1);
+                first += done as u64;
+                rest = &rest[done.min(rest.len())..];
+            }
+            run.clear();
+            Ok(())
+        };
+    for (id, entry) in entries {
+        let full = fs_run.len() + sql_run.len() >= REPLAY_GROUP;
+        match entry.command {
+            ReplicatedCommand::Fs(op) => {
+                if !sql_run.is_empty() || full {
+                    flush_sql(&mut sql_run, run_first)?;
+                    flush_fs(&mut fs_run, run_first)?;
+                    run_first = id.index;
+                }
+                fs_run.push(Stamped::new(entry.stamp, op));
+            }
+            ReplicatedCommand::Sql(c) => {
+                if !fs_run.is_empty() || full {
+                    flush_fs(&mut fs_run, run_first)?;
+                    flush_sql(&mut sql_run, run_first)?;
+                    run_first = id.index;
+                }
+                sql_run.push(Stamped::new(entry.stamp, c));
+            }
+        }
+    }
+    flush_fs(&mut fs_run, run_first)?;
+    flush_sql(&mut sql_run, run_first)?;
+    log.applied = log.last();
+    tracing::info!(
+        "applied {count} entries of the command log that the state lacked (entries {}..={last})",
+        a + 1
+    );
+    Ok(())
+}
+
+/// Records in the open transaction that the state holds every entry up
+/// to `id`.
+pub(crate) fn record_applied(conn: &Connection, id: LogId) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO main.tablix_meta(key, value) VALUES ('applied_index', ?1), ('applied_term', ?2)
+         ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+    )?
+    .execute([id.index as i64, id.term as i64])?;
+    Ok(())
+}
+
+/// The last entry the state holds (none for a state no log entry built).
+pub(crate) fn applied(conn: &Connection) -> rusqlite::Result<Option<LogId>> {
+    let get = |key: &str| -> rusqlite::Result<Option<i64>> {
+        conn.query_row(
+            "SELECT value FROM main.tablix_meta WHERE key = ?1",
+            [key],
+            |r| r.get(0),
+        )
+        .optional()
+    };
+    Ok(match (get("applied_index")?, get("applied_term")?) {
+        (Some(index), Some(term)) => Some(LogId {
+            term: term as u64,
+            index: index as u64,
+        }),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::{Statement, Value};
+    use crate::principal::Principal;
+
+    #[test]
+    fn entries_decode_to_the_commands_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::new(dir.path());
+        let (mut log, _) = CommandLog::open(&config).unwrap();
+        let stamp = Stamp {
+            unix_nanos: 5,
+            seed: 7,
+        };
+        let fs = Stamped::new(
+            stamp,
+            FsOp::Write {
+                ino: 3,
+                offset: 9,
+                data: vec![1, 2, 3],
+                kill_suidgid: false,
+            },
+        );
+        let sql = Stamped::new(
+            stamp,
+            SqlCommand {
+                statements: vec![Statement::with_params(
+                    "INSERT INTO t VALUES (?)",
+                    crate::command::Params::Positional(vec![Value::Blob(vec![0; 4])]),
+                )],
+                transaction: true,
+                principal: Principal::root(),
+            },
+        );
+        assert_eq!(log.append_fs(&fs).unwrap().index, 1);
+        assert_eq!(log.append_sql(&sql).unwrap().index, 2);
+        let read = log.read_from(1).unwrap();
+        assert_eq!(
+            read[0].1,
+            Stamped::new(stamp, ReplicatedCommand::Fs(fs.command))
+        );
+        assert_eq!(
+            read[1].1,
+            Stamped::new(stamp, ReplicatedCommand::Sql(sql.command))
+        );
+    }
+}
