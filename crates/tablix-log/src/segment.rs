@@ -93,13 +93,20 @@ impl Segment {
             .write(true)
             .open(&path)
             .map_err(|e| LogError::io(&path, "opening", e))?;
-        let mut bytes = Vec::new();
+        // The header first: a free segment's bytes are not read.
+        let mut head = [0u8; HEADER_BYTES as usize];
+        match file.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(LogError::io(&path, "reading", e)),
+        }
+        let Some(header) = Header::decode(&head) else {
+            return Ok(None);
+        };
+        let mut bytes = head.to_vec();
         file.read_to_end(&mut bytes)
             .map_err(|e| LogError::io(&path, "reading", e))?;
         let len = bytes.len() as u64;
-        let Some(header) = Header::decode(&bytes) else {
-            return Ok(None);
-        };
         let mut offsets = Vec::new();
         let mut last_term = header.prev_term;
         let mut pos = HEADER_BYTES as usize;

@@ -311,24 +311,19 @@ pub(crate) fn replay(
             Ok(())
         };
     for (id, entry) in entries {
-        let full = fs_run.len() + sql_run.len() >= REPLAY_GROUP;
+        // A run is of one kind: it ends where the kind changes or it is full.
+        let other_kind = match entry.command {
+            ReplicatedCommand::Fs(_) => !sql_run.is_empty(),
+            ReplicatedCommand::Sql(_) => !fs_run.is_empty(),
+        };
+        if other_kind || fs_run.len() + sql_run.len() >= REPLAY_GROUP {
+            flush_fs(&mut fs_run, run_first)?;
+            flush_sql(&mut sql_run, run_first)?;
+            run_first = id.index;
+        }
         match entry.command {
-            ReplicatedCommand::Fs(op) => {
-                if !sql_run.is_empty() || full {
-                    flush_sql(&mut sql_run, run_first)?;
-                    flush_fs(&mut fs_run, run_first)?;
-                    run_first = id.index;
-                }
-                fs_run.push(Stamped::new(entry.stamp, op));
-            }
-            ReplicatedCommand::Sql(c) => {
-                if !fs_run.is_empty() || full {
-                    flush_fs(&mut fs_run, run_first)?;
-                    flush_sql(&mut sql_run, run_first)?;
-                    run_first = id.index;
-                }
-                sql_run.push(Stamped::new(entry.stamp, c));
-            }
+            ReplicatedCommand::Fs(op) => fs_run.push(Stamped::new(entry.stamp, op)),
+            ReplicatedCommand::Sql(c) => sql_run.push(Stamped::new(entry.stamp, c)),
         }
     }
     flush_fs(&mut fs_run, run_first)?;

@@ -276,8 +276,7 @@ impl Writer {
         {
             tracing::warn!("refreshing the memory database's image for SQL: {e}");
         }
-        let log_arc = Arc::clone(&self.log);
-        let mut log = match log_arc.lock() {
+        let mut log = match self.log.lock() {
             Ok(log) => log,
             Err(_) => {
                 let replies = group.into_iter().map(|(_, _, reply)| reply).collect();

@@ -23,6 +23,17 @@ fn open(dir: &Path) -> Log {
     Log::open(dir, small()).expect("open").0
 }
 
+/// A log in `dir` holding entries 1..=5 (40-byte payloads), synced.
+fn five_synced(dir: &Path) -> Log {
+    let mut log = open(dir);
+    for i in 1..=5u64 {
+        log.append(LogId { term: 1, index: i }, &payload(i, 40))
+            .unwrap();
+    }
+    log.sync().unwrap();
+    log
+}
+
 fn segment_files(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
@@ -80,12 +91,7 @@ fn appends_take_the_next_index() {
 #[test]
 fn a_torn_tail_is_reported_cut_and_written_over() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = open(dir.path());
-    for i in 1..=5u64 {
-        log.append(LogId { term: 1, index: i }, &payload(i, 40))
-            .unwrap();
-    }
-    log.sync().unwrap();
+    let log = five_synced(dir.path());
     drop(log);
     // A record of a sixth entry written part-way: its header and half its
     // payload.
@@ -108,12 +114,7 @@ fn a_torn_tail_is_reported_cut_and_written_over() {
 #[test]
 fn a_damaged_entry_ends_the_log_where_it_is_and_reads_fail_their_checksum() {
     let dir = tempfile::tempdir().unwrap();
-    let mut log = open(dir.path());
-    for i in 1..=5u64 {
-        log.append(LogId { term: 1, index: i }, &payload(i, 40))
-            .unwrap();
-    }
-    log.sync().unwrap();
+    let log = five_synced(dir.path());
     // Damage under an open log: the read back says which entry.
     let seg = segment_files(dir.path()).pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
