@@ -26,6 +26,10 @@ pub enum LogError {
     /// A read of an entry the log does not hold (purged, or not written).
     #[error("command log: no entry {index} (the log holds {first}..={last})")]
     Missing { index: u64, first: u64, last: u64 },
+    /// Damage in the log's middle (see [`crate::Damage`]): opening was
+    /// refused and nothing changed.
+    #[error("command log: {0}")]
+    Damaged(crate::Damage),
     #[error("command log: an entry of {bytes} bytes is over the limit of {limit}")]
     TooLarge { bytes: usize, limit: usize },
     /// An earlier write or sync failed: what the log holds past its last

@@ -16,4 +16,4 @@ mod segment;
 mod vote;
 
 pub use error::LogError;
-pub use log::{Entry, Log, LogConfig, LogId, MAX_ENTRY_BYTES, Recovered};
+pub use log::{Damage, Entry, Inspection, Log, LogConfig, LogId, MAX_ENTRY_BYTES, Recovered};

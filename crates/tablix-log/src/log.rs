@@ -36,6 +36,10 @@ pub struct LogConfig {
     /// nothing more reaches the log's files (every write and sync fails),
     /// so the files hold what was written before, as after a crash.
     pub halt: Option<Arc<AtomicBool>>,
+    /// Open a log with damage ([`LogError::Damaged`]) by cutting it
+    /// before the first entry that does not check: the entries from there
+    /// on are gone. Without it the open is refused and nothing changes.
+    pub discard_damaged: bool,
 }
 
 impl Default for LogConfig {
@@ -44,7 +48,56 @@ impl Default for LogConfig {
             segment_bytes: 64 << 20,
             keep_free: 2,
             halt: None,
+            discard_damaged: false,
         }
+    }
+}
+
+/// Entries that do not check with entries after them that do: not the
+/// torn end of the last write, which a crash leaves, but damage (or a
+/// power failure that kept part of an unsynced write and lost part).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// The segment file and the byte where the first bad record starts.
+    pub path: PathBuf,
+    pub offset: u64,
+    /// The first entry that cannot be read.
+    pub index: u64,
+    /// The last entry the log holds after it.
+    pub through: u64,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "entry {} (byte {} of {}) does not check, and entries up to {} follow it",
+            self.index,
+            self.offset,
+            self.path.display(),
+            self.through
+        )
+    }
+}
+
+/// What a read-only look at a log's directory found ([`Log::inspect`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inspection {
+    /// The entry before the first held, if any.
+    pub purged: Option<LogId>,
+    /// The last entry held before any damage, or the last purged.
+    pub last: Option<LogId>,
+    pub segments: usize,
+    /// Bytes of records in the live segments.
+    pub bytes: u64,
+    pub torn_tail: Option<(PathBuf, u64)>,
+    pub damage: Option<Damage>,
+}
+
+impl Inspection {
+    /// Index of the first entry held (the next index when none is).
+    pub fn first_index(&self) -> u64 {
+        self.purged.map_or(1, |p| p.index + 1)
     }
 }
 
@@ -58,6 +111,127 @@ pub struct Recovered {
     /// Segments with a valid header that do not continue the log (left
     /// by an interrupted truncation or damage): recycled.
     pub orphaned_segments: usize,
+    /// Damage cut off under [`LogConfig::discard_damaged`]: its entries
+    /// are gone.
+    pub discarded: Option<Damage>,
+}
+
+/// Segment files of a log directory, read.
+struct Scanned {
+    found: Vec<(Segment, ScanEnd)>,
+    free: Vec<PathBuf>,
+    next_file: u64,
+}
+
+fn scan(dir: &Path, writable: bool) -> Result<Scanned, LogError> {
+    let mut out = Scanned {
+        found: Vec::new(),
+        free: Vec::new(),
+        next_file: 0,
+    };
+    let listing = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, "listing", e))?;
+    for item in listing {
+        let item = item.map_err(|e| LogError::io(dir, "listing", e))?;
+        let name = item.file_name();
+        let Some(n) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(SEGMENT_SUFFIX))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        out.next_file = out.next_file.max(n + 1);
+        match Segment::open(item.path(), writable)? {
+            Some(s) => out.found.push(s),
+            None => out.free.push(item.path()),
+        }
+    }
+    out.found.sort_by_key(|(s, _)| s.header.seq);
+    Ok(out)
+}
+
+/// The live segments, oldest first, picked out of those found.
+struct Assembled {
+    live: VecDeque<Segment>,
+    orphans: Vec<Segment>,
+    torn_tail: Option<(PathBuf, u64)>,
+    damage: Option<Damage>,
+}
+
+/// The log is the newest segment and each older one that ends just before
+/// the next begins. An older segment that stops short of the next at
+/// bytes that do not check is part of it too, damaged: the entries it
+/// lacks are not skipped silently.
+fn assemble(mut found: Vec<(Segment, ScanEnd)>) -> Assembled {
+    let mut a = Assembled {
+        live: VecDeque::new(),
+        orphans: Vec::new(),
+        torn_tail: None,
+        damage: None,
+    };
+    while let Some((s, end)) = found.pop() {
+        let continues = match (a.live.front(), end) {
+            (None, ScanEnd::Clean) => true,
+            (None, ScanEnd::Torn { offset, later }) => {
+                match later {
+                    None => a.torn_tail = Some((s.path.clone(), offset)),
+                    Some(through) => {
+                        a.damage = Some(Damage {
+                            path: s.path.clone(),
+                            offset,
+                            index: s.next_index(),
+                            through,
+                        });
+                    }
+                }
+                true
+            }
+            (Some(newer), end) => {
+                let first = newer.header.first_index;
+                if s.count() > 0 && s.next_index() == first {
+                    true
+                } else if let ScanEnd::Torn { offset, .. } = end
+                    && a.damage.is_none()
+                    && s.next_index() < first
+                {
+                    a.damage = Some(Damage {
+                        path: s.path.clone(),
+                        offset,
+                        index: s.next_index(),
+                        through: a.live.back().map_or(first, |l| l.next_index() - 1),
+                    });
+                    true
+                } else {
+                    false
+                }
+            }
+        };
+        if continues && a.orphans.is_empty() {
+            a.live.push_front(s);
+        } else {
+            a.orphans.push(s);
+        }
+    }
+    a
+}
+
+/// What precedes the first live entry, and the last entry held.
+fn bounds(live: &VecDeque<Segment>) -> (Option<LogId>, Option<LogId>) {
+    let purged = live.front().and_then(|s| {
+        let h = s.header;
+        (h.first_index > 1).then(|| LogId {
+            term: h.prev_term,
+            index: h.first_index - 1,
+        })
+    });
+    let last = live
+        .back()
+        .map(|s| LogId {
+            term: s.last_term,
+            index: s.next_index() - 1,
+        })
+        .filter(|l| l.index > 0);
+    (purged, last)
 }
 
 /// Largest payload of one entry.
@@ -84,95 +258,91 @@ const SEGMENT_SUFFIX: &str = ".seg";
 
 impl Log {
     /// Opens the log in `dir` (created 0700 when missing), reading every
-    /// segment. A torn tail is cut (see [`Recovered`]).
+    /// segment. A torn tail is cut (see [`Recovered`]); damage is refused
+    /// with [`LogError::Damaged`], changing nothing, unless
+    /// [`LogConfig::discard_damaged`] says to cut it.
     pub fn open(dir: &Path, config: LogConfig) -> Result<(Log, Recovered), LogError> {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(dir)
             .map_err(|e| LogError::io(dir, "creating the directory", e))?;
-        let mut found = Vec::new();
-        let mut free = Vec::new();
-        let mut next_file = 0;
-        let listing = std::fs::read_dir(dir).map_err(|e| LogError::io(dir, "listing", e))?;
-        for item in listing {
-            let item = item.map_err(|e| LogError::io(dir, "listing", e))?;
-            let name = item.file_name();
-            let Some(n) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(SEGMENT_SUFFIX))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            next_file = next_file.max(n + 1);
-            match Segment::open(item.path())? {
-                Some(s) => found.push(s),
-                None => free.push(item.path()),
-            }
+        let scanned = scan(dir, true)?;
+        let next_seq = scanned.found.last().map_or(1, |(s, _)| s.header.seq + 1);
+        let assembled = assemble(scanned.found);
+        if let Some(d) = &assembled.damage
+            && !config.discard_damaged
+        {
+            return Err(LogError::Damaged(d.clone()));
         }
-        found.sort_by_key(|(s, _)| s.header.seq);
-        let mut recovered = Recovered::default();
-        let next_seq = found.last().map_or(1, |(s, _)| s.header.seq + 1);
-        // The log is the newest segment and each older one that ends just
-        // before the next begins.
-        let mut live: VecDeque<Segment> = VecDeque::new();
-        let mut orphans = Vec::new();
-        while let Some((s, end)) = found.pop() {
-            let continues = match live.front() {
-                None => {
-                    if let ScanEnd::Torn { offset } = end {
-                        recovered.torn_tail = Some((s.path.clone(), offset));
-                    }
-                    true
-                }
-                Some(newer) => s.next_index() == newer.header.first_index && s.count() > 0,
-            };
-            if continues && orphans.is_empty() {
-                live.push_front(s);
-            } else {
-                orphans.push(s);
-            }
-        }
+        let mut recovered = Recovered {
+            torn_tail: assembled.torn_tail,
+            ..Recovered::default()
+        };
         let mut log = Log {
             dir: dir.to_path_buf(),
             config,
-            live,
+            live: assembled.live,
             free: Vec::new(),
             next_seq,
-            next_file,
+            next_file: scanned.next_file,
             purged: None,
             last: None,
             poisoned: None,
         };
-        if let Some(first) = log.live.front() {
-            let h = first.header;
-            if h.first_index > 1 {
-                log.purged = Some(LogId {
-                    term: h.prev_term,
-                    index: h.first_index - 1,
-                });
-            }
+        if let Some(d) = assembled.damage {
+            log.cut_at(&d)?;
+            recovered.discarded = Some(d);
         }
-        log.last = log.live.back().map(|s| LogId {
-            term: s.last_term,
-            index: s.next_index() - 1,
-        });
-        if log.last.is_some_and(|l| l.index == 0) {
-            log.last = None;
-        }
+        (log.purged, log.last) = bounds(&log.live);
         // Segments older than the log's start are purged ones; any that
         // is not is named in the report.
         let first = log.live.front().map_or(0, |s| s.header.first_index);
-        for s in orphans {
+        for s in assembled.orphans {
             if s.next_index() > first {
                 recovered.orphaned_segments += 1;
             }
             log.release(s);
         }
-        for path in free {
+        for path in scanned.free {
             let s = Segment::open_free(path)?;
             log.release(s);
         }
         Ok((log, recovered))
+    }
+
+    /// Looks at the log in `dir` without changing any file: what it holds,
+    /// a torn tail, damage. A missing directory is an empty log.
+    pub fn inspect(dir: &Path) -> Result<Inspection, LogError> {
+        if !dir.exists() {
+            return Ok(Inspection::default());
+        }
+        let assembled = assemble(scan(dir, false)?.found);
+        let (purged, last) = bounds(&assembled.live);
+        Ok(Inspection {
+            purged,
+            last: last.or(purged),
+            segments: assembled.live.len(),
+            bytes: assembled.live.iter().map(Segment::bytes).sum(),
+            torn_tail: assembled.torn_tail,
+            damage: assembled.damage,
+        })
+    }
+
+    /// Cuts the log before damage: the segments after the damaged one are
+    /// freed, and the damaged one's bytes past its last good entry are
+    /// zeroed, all synced before the log takes appends.
+    fn cut_at(&mut self, d: &Damage) -> Result<(), LogError> {
+        while self.live.back().is_some_and(|s| s.path != d.path) {
+            if let Some(mut s) = self.live.pop_back() {
+                s.invalidate()?;
+                self.release(s);
+            }
+        }
+        if let Some(s) = self.live.back_mut() {
+            let end = s.records_end();
+            s.zero_from(end)?;
+            s.sync()?;
+        }
+        Ok(())
     }
 
     /// The last entry purged.
@@ -298,11 +468,11 @@ impl Log {
                 self.release(s);
             }
         }
-        let header = Header {
-            seq: self.next_seq,
-            first_index: self.next_index(),
-            prev_term: self.last.map_or(0, |l| l.term),
-        };
+        let header = Header::new(
+            self.next_seq,
+            self.next_index(),
+            self.last.map_or(0, |l| l.term),
+        );
         let seg = match self.free.pop() {
             Some(mut s) => match s.restart(header) {
                 Ok(()) => s,

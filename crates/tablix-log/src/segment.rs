@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::error::LogError;
-use crate::record::{self, HEADER_BYTES, Header, RECORD_HEADER_BYTES, RecordHeader};
+use crate::record::{self, HEADER_BYTES, Header, RECORD_HEADER_BYTES, RecordHeader, Salt};
 
 /// Bytes written as zeros ahead of the records at a time.
 pub(crate) const CHUNK_BYTES: u64 = 1 << 20;
@@ -31,8 +31,13 @@ pub(crate) enum ScanEnd {
     /// At an end marker, or at the end of the file.
     Clean,
     /// At bytes that are neither an entry nor an end marker: a write
-    /// that a crash tore (never synced, so never acknowledged) or damage.
-    Torn { offset: u64 },
+    /// that a crash tore, or damage. `later` is the last index of entries
+    /// that still check after those bytes: a crash that kills the
+    /// process leaves a prefix of its last write, never such entries, so
+    /// they mean damage, or a power failure that kept some pages of an
+    /// unsynced write and lost others. Which of the two is not in the
+    /// bytes.
+    Torn { offset: u64, later: Option<u64> },
 }
 
 pub(crate) struct Segment {
@@ -86,11 +91,15 @@ impl Segment {
     }
 
     /// Opens an existing segment file and reads its entries: `None` for a
-    /// file without a valid header (a free segment).
-    pub(crate) fn open(path: PathBuf) -> Result<Option<(Segment, ScanEnd)>, LogError> {
+    /// file without a valid header (a free segment). A segment opened
+    /// without `writable` is only read.
+    pub(crate) fn open(
+        path: PathBuf,
+        writable: bool,
+    ) -> Result<Option<(Segment, ScanEnd)>, LogError> {
         let mut file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(writable)
             .open(&path)
             .map_err(|e| LogError::io(&path, "opening", e))?;
         // The header first: a free segment's bytes are not read.
@@ -107,15 +116,25 @@ impl Segment {
         file.read_to_end(&mut bytes)
             .map_err(|e| LogError::io(&path, "reading", e))?;
         let len = bytes.len() as u64;
+        let salt = header.salt();
         let mut offsets = Vec::new();
         let mut last_term = header.prev_term;
         let mut pos = HEADER_BYTES as usize;
+        let torn = |pos: usize, expected: u64, last_term: u64| ScanEnd::Torn {
+            offset: pos as u64,
+            later: if header.salted {
+                entries_after(&bytes, pos, expected, last_term, salt)
+            } else {
+                None
+            },
+        };
         let end = loop {
+            let expected = header.first_index + offsets.len() as u64;
             let Some(raw) = bytes.get(pos..pos + RECORD_HEADER_BYTES) else {
                 break if bytes[pos.min(bytes.len())..].iter().all(|b| *b == 0) {
                     ScanEnd::Clean
                 } else {
-                    ScanEnd::Torn { offset: pos as u64 }
+                    torn(pos, expected, last_term)
                 };
             };
             let raw: &[u8; RECORD_HEADER_BYTES] = raw.try_into().map_err(|_| LogError::Io {
@@ -129,14 +148,13 @@ impl Segment {
             let h = RecordHeader::decode(raw);
             let start = pos + RECORD_HEADER_BYTES;
             let payload = bytes.get(start..start.saturating_add(h.len as usize));
-            let expected = header.first_index + offsets.len() as u64;
             match payload {
-                Some(p) if h.index == expected && h.checks(raw, p) => {
+                Some(p) if h.index == expected && h.checks(salt, raw, p) => {
                     offsets.push(pos as u64);
                     last_term = h.term;
                     pos = start + p.len();
                 }
-                _ => break ScanEnd::Torn { offset: pos as u64 },
+                _ => break torn(pos, expected, last_term),
             }
         };
         let s = Segment {
@@ -165,11 +183,7 @@ impl Segment {
             .metadata()
             .map_err(|e| LogError::io(&path, "opening", e))?
             .len();
-        let header = Header {
-            seq: 0,
-            first_index: 0,
-            prev_term: 0,
-        };
+        let header = Header::new(0, 0, 0);
         Ok(Segment {
             path,
             file,
@@ -212,7 +226,7 @@ impl Segment {
     pub(crate) fn append(&mut self, term: u64, index: u64, payload: &[u8]) -> Result<(), LogError> {
         debug_assert_eq!(index, self.next_index());
         self.offsets.push(self.end());
-        record::encode(&mut self.buf, term, index, payload);
+        record::encode(&mut self.buf, self.header.salt(), term, index, payload);
         self.last_term = term;
         if self.buf.len() >= WRITE_BEHIND_BYTES {
             self.write_out()?;
@@ -361,14 +375,15 @@ impl Segment {
         } else {
             read_exact_at(&self.file, &self.path, &mut payload, start)?;
         }
-        if !h.checks(&raw, &payload) {
+        if !h.checks(self.header.salt(), &raw, &payload) {
             return Err(corrupt("its checksum does not match"));
         }
         Ok((h.term, payload))
     }
 
-    /// Removes the entries from `index` on: their record is overwritten by
-    /// an end marker (synced by the caller), so none is read again.
+    /// Removes the entries from `index` on: their records are overwritten
+    /// with zeros (the first of them an end marker; synced by the caller),
+    /// so none is read again, nor found after a later torn write.
     pub(crate) fn truncate_from(&mut self, index: u64, term_before: u64) -> Result<(), LogError> {
         let i = (index - self.header.first_index) as usize;
         let Some(&at) = self.offsets.get(i) else {
@@ -380,11 +395,31 @@ impl Segment {
             self.buf.truncate((at - self.buf_at) as usize);
             return Ok(());
         }
+        let written = self.buf_at;
         self.buf.clear();
         self.buf_at = at;
-        self.file
-            .write_all_at(&END, at)
-            .map_err(|e| LogError::io(&self.path, "truncating", e))?;
+        self.zero_range(at, written + RECORD_HEADER_BYTES as u64, "truncating")
+    }
+
+    /// Overwrites the segment's bytes from `at` (where its records end)
+    /// to the end of the file with zeros: what a scan found past damage
+    /// is not taken for entries again. Synced by the caller.
+    pub(crate) fn zero_from(&mut self, at: u64) -> Result<(), LogError> {
+        debug_assert!(self.buf.is_empty() && at == self.buf_at);
+        self.zero_range(at, self.len, "discarding damaged entries")
+    }
+
+    fn zero_range(&mut self, from: u64, to: u64, op: &'static str) -> Result<(), LogError> {
+        let zeros = vec![0u8; CHUNK_BYTES as usize];
+        let to = to.min(self.len).max(from + RECORD_HEADER_BYTES as u64);
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(CHUNK_BYTES) as usize;
+            self.file
+                .write_all_at(&zeros[..n], at)
+                .map_err(|e| LogError::io(&self.path, op, e))?;
+            at += n as u64;
+        }
         self.dirty = true;
         Ok(())
     }
@@ -419,9 +454,59 @@ impl Segment {
         self.sync()
     }
 
+    /// Where its records end (the next record goes there).
+    pub(crate) fn records_end(&self) -> u64 {
+        self.end()
+    }
+
     pub(crate) fn remove(self) {
         if let Err(e) = std::fs::remove_file(&self.path) {
             tracing::warn!("removing the free log segment {}: {e}", self.path.display());
         }
     }
+}
+
+/// After bytes at `from` that are no record (the next entry expected was
+/// `expected`), the last index of a run of entries that check further on,
+/// if there is one. Records are not aligned, so every offset is tried;
+/// the index, which must lie within what the rest of the bytes can hold,
+/// and the term rule out nearly all before any CRC is computed.
+fn entries_after(
+    bytes: &[u8],
+    from: usize,
+    expected: u64,
+    last_term: u64,
+    salt: Salt,
+) -> Option<u64> {
+    let at = |pos: usize| -> Option<(RecordHeader, usize)> {
+        let raw: &[u8; RECORD_HEADER_BYTES] =
+            bytes.get(pos..pos + RECORD_HEADER_BYTES)?.try_into().ok()?;
+        let h = RecordHeader::decode(raw);
+        let start = pos + RECORD_HEADER_BYTES;
+        let payload = bytes.get(start..start.checked_add(h.len as usize)?)?;
+        h.checks(salt, raw, payload)
+            .then_some((h, start + payload.len()))
+    };
+    let most = (bytes.len() / RECORD_HEADER_BYTES) as u64;
+    for pos in from + 1..bytes.len().saturating_sub(RECORD_HEADER_BYTES - 1) {
+        let raw = &bytes[pos..pos + RECORD_HEADER_BYTES];
+        let index = u64::from_le_bytes(raw[16..24].try_into().ok()?);
+        let term = u64::from_le_bytes(raw[8..16].try_into().ok()?);
+        if index <= expected || index - expected > most || term < last_term {
+            continue;
+        }
+        let Some((h, mut next)) = at(pos) else {
+            continue;
+        };
+        let mut last = h.index;
+        while let Some((h, after)) = at(next) {
+            if h.index != last + 1 {
+                break;
+            }
+            last = h.index;
+            next = after;
+        }
+        return Some(last);
+    }
+    None
 }

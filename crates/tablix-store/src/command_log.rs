@@ -19,6 +19,7 @@ use crate::config::StoreConfig;
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::sql_writer::SqlWriter;
+use crate::write_point::{WritePoint, WriteProbe};
 
 /// A typed failure of the node behind `e`, for the state machine's stop.
 pub(crate) fn failure_of(e: &StoreError) -> SqliteFailure {
@@ -60,24 +61,45 @@ pub(crate) struct CommandLog {
     applied: Option<LogId>,
     /// Set once the state machine stopped: why, typed.
     stopped: Option<SqliteFailure>,
+    probe: WriteProbe,
 }
 
 impl CommandLog {
-    pub(crate) fn open(config: &StoreConfig) -> Result<(CommandLog, Recovered), StoreError> {
-        let (log, recovered) = Log::open(
-            &config.log_dir(),
-            LogConfig {
-                segment_bytes: config.log_segment_bytes,
-                halt: config.log_halt.clone(),
-                ..LogConfig::default()
-            },
-        )?;
+    /// Opens the log of a state that holds the entries up to
+    /// `state_applied`. Damage in the log's middle is cut when the state
+    /// holds every entry it hides, or the configuration says to discard
+    /// it; otherwise the open is refused, changing nothing.
+    pub(crate) fn open(
+        config: &StoreConfig,
+        state_applied: Option<LogId>,
+    ) -> Result<(CommandLog, Recovered), StoreError> {
+        let dir = config.log_dir();
+        let log_config = |discard_damaged| LogConfig {
+            segment_bytes: config.log_segment_bytes,
+            halt: config.log_halt.clone(),
+            discard_damaged,
+            ..LogConfig::default()
+        };
+        let a = state_applied.map_or(0, |a| a.index);
+        let (log, recovered) = match Log::open(&dir, log_config(config.discard_damaged_log)) {
+            Err(LogError::Damaged(d)) if d.through <= a => Log::open(&dir, log_config(true))?,
+            Err(LogError::Damaged(d)) => {
+                return Err(StoreError::Open(format!(
+                    "the command log is damaged: {d}. The state holds entries up to {a}, so entries {}..={} cannot be applied, and tablix will not skip them; nothing was changed. Keep a copy of {}, then run `tablix fsck` on it to discard the damaged entries and every one after them (they are lost) and start from the rest",
+                    d.index.max(a + 1),
+                    d.through,
+                    config.data_dir.display()
+                )));
+            }
+            r => r?,
+        };
         Ok((
             CommandLog {
                 log,
                 scratch: Vec::new(),
                 applied: None,
                 stopped: None,
+                probe: config.write_probe.clone(),
             },
             recovered,
         ))
@@ -122,6 +144,15 @@ impl CommandLog {
             };
             self.stop(cause);
         }
+    }
+
+    /// Runs the write probe (see [`WritePoint`]).
+    pub(crate) fn at(&self, point: WritePoint) {
+        self.probe.at(point);
+    }
+
+    pub(crate) fn probe(&self) -> &WriteProbe {
+        &self.probe
     }
 
     /// The state now holds every entry up to `id`, committed.
@@ -289,7 +320,8 @@ pub(crate) fn replay(
             return Ok(());
         }
         let items: Vec<&Stamped<FsOp>> = run.iter().collect();
-        fs.apply_group(&items, first).map_err(|e| fail(e, first))?;
+        fs.apply_group(&items, first, &config.write_probe)
+            .map_err(|e| fail(e, first))?;
         run.clear();
         Ok(())
     };
@@ -300,7 +332,7 @@ pub(crate) fn replay(
                 let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
                     rest.iter().map(|c| (c, &limits)).collect();
                 let done = sql
-                    .apply_group(&items, config.max_result_bytes, first)
+                    .apply_group(&items, config.max_result_bytes, first, &config.write_probe)
                     .map_err(|e| fail(e, first))?
                     .len()
                     .max(1);
@@ -376,7 +408,7 @@ mod tests {
     fn entries_decode_to_the_commands_appended() {
         let dir = tempfile::tempdir().unwrap();
         let config = StoreConfig::new(dir.path());
-        let (mut log, _) = CommandLog::open(&config).unwrap();
+        let (mut log, _) = CommandLog::open(&config, None).unwrap();
         let stamp = Stamp {
             unix_nanos: 5,
             seed: 7,

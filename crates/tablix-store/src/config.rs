@@ -67,6 +67,14 @@ pub struct StoreConfig {
     /// Set by power-loss tests when the machine "dies": nothing more
     /// reaches the command log's files (see `tablix_log::LogConfig`).
     pub log_halt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Open a command log damaged in its middle by cutting it before the
+    /// damage, losing the entries from there on (`tablix fsck` repairs
+    /// so). Without it such a log stops the open, unless the state already
+    /// holds every entry past the damage.
+    pub discard_damaged_log: bool,
+    /// Called at each point of the write path (crash tests stop the
+    /// process or the machine there); nothing by default.
+    pub write_probe: crate::WriteProbe,
 }
 
 /// Default of [`StoreConfig::log_segment_bytes`]: 64 MiB.
@@ -100,6 +108,8 @@ impl StoreConfig {
             proc_visibility: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_BYTES,
             log_halt: None,
+            discard_damaged_log: false,
+            write_probe: crate::WriteProbe::default(),
         }
     }
 

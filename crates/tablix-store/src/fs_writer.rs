@@ -20,6 +20,7 @@ use crate::outcome::FsResult;
 use crate::schema;
 use crate::state_machine::{Grouped, StateMachine};
 use crate::wal::WalFile;
+use crate::write_point::{WritePoint, WriteProbe};
 
 /// Most WAL pages between automatic checkpoints (64 MiB).
 const WAL_AUTOCHECKPOINT_PAGES: u64 = 16384;
@@ -177,6 +178,7 @@ impl FsWriter {
         match r {
             Ok(reply) => {
                 self.pending_upto = Some(id);
+                log.at(WritePoint::PendingApplied);
                 Ok(reply)
             }
             Err(e) => {
@@ -238,6 +240,7 @@ impl FsWriter {
             let _ = self.conn.execute_batch("ROLLBACK");
             return Err(self.mark_lost(crate::command_log::failure_of(&e)));
         }
+        log.at(WritePoint::FlushSynced);
         if let Some(id) = self.pending_upto
             && let Err(e) = command_log::record_applied(&self.conn, id)
         {
@@ -269,10 +272,13 @@ impl FsWriter {
         &self,
         items: &[&Stamped<FsOp>],
         first: u64,
+        probe: &WriteProbe,
     ) -> Result<Vec<Result<FsResult, StoreError>>, StoreError> {
         let items: Vec<(&Stamped<FsOp>, &())> = items.iter().map(|i| (*i, &())).collect();
         group::commit(self, &items, usize::MAX, |conn, n| {
-            command_log::record_applied(conn, CommandLog::id_at(first, n))
+            command_log::record_applied(conn, CommandLog::id_at(first, n))?;
+            probe.at(WritePoint::Applied);
+            Ok(())
         })
     }
 

@@ -45,6 +45,7 @@ mod stats;
 mod store;
 mod volatile;
 mod wal;
+mod write_point;
 mod writer;
 
 pub use budget::{Cancel, Limits};
@@ -65,3 +66,4 @@ pub use sandbox::ProcVisibility;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Store, Ticket};
+pub use write_point::{WritePoint, WriteProbe};

@@ -14,6 +14,7 @@ use crate::outcome::{SqlReply, StatementOutcome, StatementResult};
 use crate::sandbox::UserConn;
 use crate::state_machine::{Grouped, StateMachine};
 use crate::volatile::MemImage;
+use crate::write_point::{WritePoint, WriteProbe};
 
 pub(crate) struct SqlWriter {
     pub(crate) uc: UserConn,
@@ -34,9 +35,12 @@ impl SqlWriter {
         items: &[(&Stamped<SqlCommand>, &Limits)],
         budget: usize,
         first: u64,
+        probe: &WriteProbe,
     ) -> Result<Vec<Result<Held, StoreError>>, StoreError> {
         group::commit(self, items, budget, |conn, n| {
-            command_log::record_applied(conn, CommandLog::id_at(first, n))
+            command_log::record_applied(conn, CommandLog::id_at(first, n))?;
+            probe.at(WritePoint::Applied);
+            Ok(())
         })
     }
 

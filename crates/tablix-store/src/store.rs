@@ -176,7 +176,22 @@ impl Store {
         let sql = SqlWriter {
             uc: UserConn::open(&setup, Role::Writer, &image)?,
         };
-        let (mut log, recovered) = CommandLog::open(&config)?;
+        let state_applied = {
+            let fs = fs.lock().map_err(|_| StoreError::Closed)?;
+            command_log::applied(fs.connection())?
+        };
+        let (mut log, recovered) = CommandLog::open(&config, state_applied)?;
+        if let Some(d) = &recovered.discarded {
+            tracing::warn!(
+                "the command log was damaged: {d}; it is cut before entry {}{}",
+                d.index,
+                if d.through <= state_applied.map_or(0, |a| a.index) {
+                    " (the state already holds every entry after it, so nothing is lost)"
+                } else {
+                    ", and the entries from there on are lost"
+                }
+            );
+        }
         if let Some((segment, offset)) = &recovered.torn_tail {
             tracing::warn!(
                 "the command log ended in a torn write at byte {offset} of {} (never synced, so never acknowledged); it is cut there",

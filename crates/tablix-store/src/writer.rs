@@ -23,6 +23,7 @@ use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem};
 use crate::stats::Counters;
 use crate::volatile::Volatile;
 use crate::wal::WalFile;
+use crate::write_point::WritePoint;
 
 /// How long the writer sleeps when nothing awaits a flush.
 const IDLE: Duration = Duration::from_secs(3600);
@@ -227,15 +228,20 @@ impl Writer {
                 for item in &items {
                     log.append_fs(item)?;
                 }
+                log.at(WritePoint::Appended);
                 log.sync()
             })();
             if let Err(e) = logged {
                 log.unlog_or_stop(first, &e);
                 return Err(e);
             }
-            let r = fs.apply_group(&items, first);
+            log.at(WritePoint::Synced);
+            let r = fs.apply_group(&items, first, log.probe());
             match &r {
-                Ok(done) => log.applied_to(CommandLog::id_at(first, done.len())),
+                Ok(done) => {
+                    log.applied_to(CommandLog::id_at(first, done.len()));
+                    log.at(WritePoint::Committed);
+                }
                 Err(e) => log.unlog_or_stop(first, e),
             }
             self.purge_if_due(&mut log, &fs);
@@ -295,6 +301,7 @@ impl Writer {
             for (c, _, _) in &group {
                 log.append_sql(c)?;
             }
+            log.at(WritePoint::Appended);
             log.sync()
         })();
         if let Err(e) = logged {
@@ -303,17 +310,19 @@ impl Writer {
             self.answer::<SqlWriter, _>(replies, Err(e), |h: Held| h.reply);
             return;
         }
+        log.at(WritePoint::Synced);
         let mut rest = group;
         while !rest.is_empty() {
             let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
                 rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
             let r = self
                 .sql
-                .apply_group(&items, self.config.max_result_bytes, first);
+                .apply_group(&items, self.config.max_result_bytes, first, log.probe());
             drop(items);
             let done = match &r {
                 Ok(results) => {
                     log.applied_to(CommandLog::id_at(first, results.len().max(1)));
+                    log.at(WritePoint::Committed);
                     results.len().max(1)
                 }
                 Err(e) => {

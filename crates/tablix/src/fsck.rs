@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tablix_fs::check::{Options, Report};
 use tablix_fs::{FsOp, FsReply};
 use tablix_store::{Stamp, Store, StoreConfig, StoreError};
@@ -114,6 +114,93 @@ fn open_read_only(db: &Path) -> anyhow::Result<(Connection, Option<tempfile::Tem
     Ok((conn, Some(copy)))
 }
 
+/// What fsck finds in the command log, against the state's last applied
+/// entry.
+struct LogCheck {
+    /// Problems the repair cuts away (damage in the log's middle).
+    repairable: Vec<String>,
+    /// What the repair does about them.
+    repairs: Vec<String>,
+    /// Problems it cannot repair (entries missing from the log).
+    unrepairable: Vec<String>,
+}
+
+impl LogCheck {
+    fn is_clean(&self) -> bool {
+        self.repairable.is_empty() && self.unrepairable.is_empty()
+    }
+}
+
+fn check_log(data: &Path, conn: &Connection) -> anyhow::Result<LogCheck> {
+    let dir = data.join("log");
+    let log = tablix_log::Log::inspect(&dir)
+        .map_err(|e| anyhow::anyhow!("reading the command log in {}: {e}", dir.display()))?;
+    let applied: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM tablix_meta WHERE key = 'applied_index'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .context("reading the state's last applied entry")?;
+    let a = applied.unwrap_or(0).max(0) as u64;
+    let last = log.last.map_or(0, |l| l.index);
+    let held = if last >= log.first_index() {
+        format!("entries {}..={last}", log.first_index())
+    } else {
+        "no entries".to_string()
+    };
+    // Entries past damage are not counted: they cannot be applied.
+    let pending = last.saturating_sub(a);
+    println!(
+        "command log: {held} in {} segments ({} bytes of records); the state holds entries up to {a}{}",
+        log.segments,
+        log.bytes,
+        if pending > 0 {
+            format!("; {pending} to apply at the next start")
+        } else {
+            String::new()
+        }
+    );
+    if let Some((path, offset)) = &log.torn_tail {
+        println!(
+            "command log: ends in a torn write at byte {offset} of {} (never synced, so never acknowledged; the next start cuts it)",
+            path.display()
+        );
+    }
+    let mut out = LogCheck {
+        repairable: Vec::new(),
+        repairs: Vec::new(),
+        unrepairable: Vec::new(),
+    };
+    match &log.damage {
+        Some(d) if d.through <= a => println!(
+            "command log: {d}; the state holds all of those entries, so the next start cuts them and nothing is lost"
+        ),
+        Some(d) => {
+            let lost = format!("entries {}..={}", d.index.max(a + 1), d.through);
+            out.repairable.push(format!(
+                "command log: {d}; the state holds entries up to {a}, so {lost} are lost if the log is cut there"
+            ));
+            out.repairs.push(format!(
+                "cut the command log before entry {} ({lost} are lost; {} entries before it are applied)",
+                d.index,
+                pending
+            ));
+        }
+        None => {}
+    }
+    let missing_to = log.first_index().saturating_sub(1);
+    if missing_to > a && log.damage.is_none() {
+        out.unrepairable.push(format!(
+            "command log: starts at entry {}, but the state holds entries only up to {a}: entries {}..={missing_to} are missing",
+            log.first_index(),
+            a + 1
+        ));
+    }
+    Ok(out)
+}
+
 fn print(data: &Path, r: &Report) {
     println!(
         "{}: {} inodes, {} entries, {} blocks ({} verified against their checksums, {} written before checksums)",
@@ -137,11 +224,12 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
     }
     let lock = NoDaemon::take(&data)?;
     let progress = Progress::new("tablix fsck");
-    let report = {
+    let (report, log) = {
         let (mut conn, _copy) = open_read_only(&db)?;
+        let log = check_log(&data, &conn)?;
         progress.watch(&mut conn)?;
         let mut phase = |p: tablix_fs::check::Progress| progress.at(p.phase, p.done, p.total);
-        tablix_fs::check::check(
+        let report = tablix_fs::check::check(
             &conn,
             0,
             Options {
@@ -150,25 +238,33 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
             },
             &mut phase,
         )
-        .map_err(|e| anyhow::anyhow!("checking {}: {e}", db.display()))?
+        .map_err(|e| anyhow::anyhow!("checking {}: {e}", db.display()))?;
+        (report, log)
     };
     print(&data, &report);
-    if report.is_clean() {
+    for p in log.repairable.iter().chain(&log.unrepairable) {
+        println!("problem: {p}");
+    }
+    let problems = report.problems.len() + log.repairable.len() + log.unrepairable.len();
+    if report.is_clean() && log.is_clean() {
         println!("clean");
         return Ok(CLEAN);
     }
     if args.no_repair {
-        println!(
-            "{} problems, not repaired (-n; run without it to repair)",
-            report.problems.len()
-        );
+        println!("{problems} problems, not repaired (-n; run without it to repair)");
         return Ok(UNCORRECTED);
     }
     let damaged_tree = report.problems.iter().any(|p| p.starts_with("1:"));
     if damaged_tree {
         println!(
-            "{} problems; the database's own structure is damaged, which fsck does not repair: restore the data directory from a backup",
-            report.problems.len()
+            "{problems} problems; the database's own structure is damaged, which fsck does not repair: restore the data directory from a backup"
+        );
+        return Ok(UNCORRECTED);
+    }
+    if !log.unrepairable.is_empty() {
+        println!(
+            "{problems} problems; entries missing from the command log cannot be made up: restore the data directory from a backup, or move {} aside to start from the state as it is",
+            data.join("log").display()
         );
         return Ok(UNCORRECTED);
     }
@@ -181,7 +277,11 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
         .filter(|p| p.starts_with("8:"))
         .count();
     eprintln!("tablix fsck: repairing");
-    let store = Store::open(StoreConfig::new(&data)).map_err(|e| match e {
+    let mut config = StoreConfig::new(&data);
+    // The damaged entries and every one after them are cut: the state
+    // cannot take them, and the rest of the log is applied at this open.
+    config.discard_damaged_log = !log.repairable.is_empty();
+    let store = Store::open(config).map_err(|e| match e {
         StoreError::Locked { holder, .. } => anyhow::anyhow!(
             "a tablix daemon{} started while fsck ran; stop it and run fsck again",
             holder.map(|p| format!(" (pid {p})")).unwrap_or_default()
@@ -203,15 +303,18 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
         Err(e) => bail!("the repair failed: {e}"),
         Ok(other) => bail!("the repair answered {other:?}, not a check's report"),
     };
+    for r in &log.repairs {
+        println!("repaired: {r}");
+    }
     for r in &repaired.repairs {
         println!("repaired: {r}");
     }
     let left = repaired.unrepaired + damaged_data;
     if left == 0 {
-        println!("{} problems, all repaired", report.problems.len());
+        println!("{problems} problems, all repaired");
         Ok(CORRECTED)
     } else {
-        println!("{} problems, {left} not repaired", report.problems.len());
+        println!("{problems} problems, {left} not repaired");
         Ok(UNCORRECTED)
     }
 }

@@ -113,6 +113,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     config.max_result_bytes = usize::try_from(args.max_result_bytes).unwrap_or(usize::MAX);
     config.memory_limit = args.memory_limit;
     config.wal_limit = args.wal_limit;
+    #[cfg(debug_assertions)]
+    if let Some(probe) = kill_at_from_env()? {
+        config.write_probe = probe;
+    }
     let store = Arc::new(Store::open(config)?);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -299,4 +303,27 @@ fn mount(
         allow_other: root || args.allow_other,
     };
     Ok(tablix_fuse::mount(store, options)?)
+}
+
+/// Crash tests of debug builds: `TABLIX_KILL_AT=POINT:N` makes the daemon
+/// SIGKILL itself the Nth time its write path reaches POINT (a
+/// `tablix_store::WritePoint` name), so that a test stops it exactly
+/// there. Release builds do not read the variable.
+#[cfg(debug_assertions)]
+fn kill_at_from_env() -> anyhow::Result<Option<tablix_store::WriteProbe>> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tablix_store::{WritePoint, WriteProbe};
+    let Ok(spec) = std::env::var("TABLIX_KILL_AT") else {
+        return Ok(None);
+    };
+    let (point, n) = spec.split_once(':').context("TABLIX_KILL_AT is POINT:N")?;
+    let point: WritePoint = point.parse().map_err(anyhow::Error::msg)?;
+    let n: u64 = n.parse().context("TABLIX_KILL_AT is POINT:N")?;
+    let seen = AtomicU64::new(0);
+    Ok(Some(WriteProbe::new(move |at| {
+        if at == point && seen.fetch_add(1, Ordering::Relaxed) + 1 == n {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        }
+    })))
 }

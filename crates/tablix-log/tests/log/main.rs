@@ -112,14 +112,14 @@ fn a_torn_tail_is_reported_cut_and_written_over() {
 }
 
 #[test]
-fn a_damaged_entry_ends_the_log_where_it_is_and_reads_fail_their_checksum() {
+fn a_damaged_entry_with_entries_after_it_is_refused_until_discarded() {
     let dir = tempfile::tempdir().unwrap();
     let log = five_synced(dir.path());
     // Damage under an open log: the read back says which entry.
     let seg = segment_files(dir.path()).pop().unwrap();
     let mut bytes = std::fs::read(&seg).unwrap();
-    let third = 40 + 2 * (24 + 40) + 24 + 3;
-    bytes[third] ^= 0x10;
+    let third = 40 + 2 * (24 + 40);
+    bytes[third + 24 + 3] ^= 0x10;
     std::fs::write(&seg, &bytes).unwrap();
     let e = log.entry(3).unwrap_err();
     assert!(
@@ -127,9 +127,101 @@ fn a_damaged_entry_ends_the_log_where_it_is_and_reads_fail_their_checksum() {
         "{e}"
     );
     drop(log);
-    let (log, recovered) = Log::open(dir.path(), small()).unwrap();
-    assert!(recovered.torn_tail.is_some());
+    // Entries 4 and 5 check after it: not a torn tail. The open is
+    // refused and changes nothing; a read-only look says the same.
+    let want = tablix_log::Damage {
+        path: seg.clone(),
+        offset: third as u64,
+        index: 3,
+        through: 5,
+    };
+    match Log::open(dir.path(), small()) {
+        Err(tablix_log::LogError::Damaged(d)) => assert_eq!(d, want),
+        other => panic!("opened a damaged log: {:?}", other.map(|(_, r)| r)),
+    }
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "a refused open wrote");
+    let seen = Log::inspect(dir.path()).unwrap();
+    assert_eq!(seen.damage, Some(want.clone()));
+    assert_eq!(seen.last, Some(LogId { term: 1, index: 2 }));
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "inspect wrote");
+    // Discarding cuts before the damage, for good: a later append torn in
+    // the same place is a torn tail, not the old entries found again.
+    let discard = LogConfig {
+        discard_damaged: true,
+        ..small()
+    };
+    let (mut log, recovered) = Log::open(dir.path(), discard).unwrap();
+    assert_eq!(recovered.discarded, Some(want));
     assert_eq!(log.last(), Some(LogId { term: 1, index: 2 }));
+    log.append(LogId { term: 1, index: 3 }, &payload(3, 40))
+        .unwrap();
+    log.sync().unwrap();
+    drop(log);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[third + 24 + 3] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let (log, recovered) = Log::open(dir.path(), small()).unwrap();
+    assert_eq!(recovered.torn_tail, Some((seg, third as u64)));
+    assert_eq!(log.last(), Some(LogId { term: 1, index: 2 }));
+}
+
+#[test]
+fn damage_in_an_older_segment_is_refused_and_truncated_entries_never_return() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = open(dir.path());
+    for i in 1..=200u64 {
+        log.append(LogId { term: 1, index: i }, &payload(i, 60))
+            .unwrap();
+    }
+    log.sync().unwrap();
+    drop(log);
+    let files = segment_files(dir.path());
+    assert!(files.len() >= 3);
+    // The first segment's fourth record.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let fourth = 40 + 3 * (24 + 60);
+    bytes[fourth + 30] ^= 1;
+    std::fs::write(&files[0], &bytes).unwrap();
+    match Log::open(dir.path(), small()) {
+        Err(tablix_log::LogError::Damaged(d)) => {
+            assert_eq!((d.index, d.through, d.offset), (4, 200, fourth as u64));
+        }
+        other => panic!("opened a damaged log: {:?}", other.map(|(_, r)| r)),
+    }
+    bytes[fourth + 30] ^= 1;
+    std::fs::write(&files[0], &bytes).unwrap();
+    // Entries taken back, then an append torn where they were: their
+    // bytes were zeroed, so the tear is only a torn tail.
+    let mut log = open(dir.path());
+    log.truncate(190).unwrap();
+    log.append(
+        LogId {
+            term: 1,
+            index: 190,
+        },
+        &payload(190, 60),
+    )
+    .unwrap();
+    log.sync().unwrap();
+    drop(log);
+    // The record of entry 190: length 60, term 1, index 190.
+    let mut head = 60u32.to_le_bytes().to_vec();
+    head.extend_from_slice(&1u64.to_le_bytes());
+    head.extend_from_slice(&190u64.to_le_bytes());
+    let (last, at) = segment_files(dir.path())
+        .into_iter()
+        .find_map(|p| {
+            let b = std::fs::read(&p).unwrap();
+            let at = b.windows(head.len()).position(|w| w == head)?;
+            Some((p, at - 4))
+        })
+        .unwrap();
+    let mut bytes = std::fs::read(&last).unwrap();
+    bytes[at + 30] ^= 1;
+    std::fs::write(&last, &bytes).unwrap();
+    let (log, recovered) = Log::open(dir.path(), small()).unwrap();
+    assert!(recovered.torn_tail.is_some(), "{recovered:?}");
+    assert_eq!(log.last().map(|l| l.index), Some(189));
 }
 
 #[test]

@@ -32,8 +32,21 @@ impl Daemon {
     }
 
     fn try_start(data: &Path, extra: &[&str]) -> Result<Daemon, String> {
+        Daemon::try_start_env(data, extra, &[])
+    }
+
+    /// A daemon with extra environment variables (`TABLIX_KILL_AT`).
+    fn start_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Daemon {
+        match Daemon::try_start_env(data, extra, env) {
+            Ok(d) => d,
+            Err(e) => panic!("daemon did not start: {e}"),
+        }
+    }
+
+    fn try_start_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
         let mut cmd = Command::new(BIN);
         cmd.arg("up");
+        cmd.envs(env.iter().copied());
         if !extra.contains(&"--http") {
             cmd.args(["--http", "127.0.0.1:0"]);
         }
@@ -347,25 +360,27 @@ fn the_shell_runs_batches_files_transactions_and_dumps() {
     d.stop();
 }
 
-#[test]
-fn kill_9_during_acknowledged_sync_writes_applies_each_exactly_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let d = Daemon::start(&data, &["--mode", "sync"]);
-    d.post(
-        "/db/execute",
-        r#"["CREATE TABLE acked(id INTEGER PRIMARY KEY, pad TEXT)", "CREATE TABLE applied(n INTEGER)", "INSERT INTO applied VALUES (0)"]"#,
-    );
+/// Four clients write acknowledged rows (and bump a counter that is not
+/// idempotent) until the daemon dies: killed after 1.5 s, or, when it
+/// `kills_itself`, on its own. Returns the acknowledged ids.
+fn acked_writes_until_death(mut d: Daemon, kills_itself: bool) -> BTreeSet<i64> {
     let acked = Arc::new(Mutex::new(BTreeSet::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
+    // Ids of one run never repeat another's on the same table.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        % 1_000_000
+        * 10_000_000_000;
     for w in 0..4u64 {
         let (acked, stop, addr) = (acked.clone(), stop.clone(), d.addr.clone());
         writers.push(std::thread::spawn(move || {
             let agent = ureq::Agent::new_with_defaults();
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let id = w * 1_000_000_000 + i;
+                let id = run + w * 1_000_000_000 + i;
                 // The counter is not idempotent: a Command applied twice
                 // (replayed from the log over a state that held it) shows.
                 let body = format!(
@@ -388,20 +403,30 @@ fn kill_9_during_acknowledged_sync_writes_applies_each_exactly_once() {
             }
         }));
     }
-    std::thread::sleep(Duration::from_millis(1500));
-    d.signal(Signal::SIGKILL);
+    if kills_itself {
+        let status = wait_for_exit(&mut d.child, Duration::from_secs(60))
+            .expect("the daemon never reached its TABLIX_KILL_AT point");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{status}"
+        );
+    } else {
+        std::thread::sleep(Duration::from_millis(1500));
+        d.signal(Signal::SIGKILL);
+    }
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
     }
     drop(d);
-    let acked = acked.lock().unwrap().clone();
-    assert!(
-        acked.len() > 50,
-        "too few writes to be meaningful: {}",
-        acked.len()
-    );
-    let d = Daemon::start(&data, &[]);
+    acked.lock().unwrap().clone()
+}
+
+/// Restarts the daemon on `data` and checks that every acknowledged row is
+/// there and every logged Command was applied exactly once.
+fn every_acked_write_applied_once(data: &Path, acked: &BTreeSet<i64>) {
+    let d = Daemon::start(data, &[]);
     let j = d.post(
         "/db/query",
         r#"["PRAGMA integrity_check", "SELECT id FROM acked", "SELECT n = (SELECT count(*) FROM acked) FROM applied"]"#,
@@ -425,6 +450,176 @@ fn kill_9_during_acknowledged_sync_writes_applies_each_exactly_once() {
         lost.len(),
         &lost[..lost.len().min(5)]
     );
+    d.stop();
+}
+
+fn counted_tables(data: &Path) {
+    let d = Daemon::start(data, &[]);
+    d.post(
+        "/db/execute",
+        r#"["CREATE TABLE acked(id INTEGER PRIMARY KEY, pad TEXT)", "CREATE TABLE applied(n INTEGER)", "INSERT INTO applied VALUES (0)"]"#,
+    );
+    d.stop();
+}
+
+#[test]
+fn kill_9_during_acknowledged_sync_writes_applies_each_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    counted_tables(&data);
+    let d = Daemon::start(&data, &["--mode", "sync"]);
+    let acked = acked_writes_until_death(d, false);
+    assert!(
+        acked.len() > 50,
+        "too few writes to be meaningful: {}",
+        acked.len()
+    );
+    every_acked_write_applied_once(&data, &acked);
+}
+
+#[test]
+fn kill_9_at_each_point_of_the_write_path_applies_every_logged_command_once() {
+    for point in ["appended", "synced", "applied", "committed"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        counted_tables(&data);
+        let kill_at = format!("{point}:40");
+        let d = Daemon::start_env(&data, &["--mode", "sync"], &[("TABLIX_KILL_AT", &kill_at)]);
+        let acked = acked_writes_until_death(d, true);
+        assert!(
+            acked.len() >= 30,
+            "{point}: only {} acknowledged",
+            acked.len()
+        );
+        // Before the restart, fsck sees the log and the state: entries
+        // synced and not committed are still to apply.
+        let (code, out) = fsck(&data, &["-n"]);
+        assert_eq!(code, Some(0), "{point}: fsck:\n{out}");
+        assert!(out.contains("command log: entries"), "{point}: {out}");
+        let pending = out.contains("to apply at the next start");
+        assert_eq!(
+            pending,
+            matches!(point, "synced" | "applied"),
+            "{point}: logged and not applied?\n{out}"
+        );
+        every_acked_write_applied_once(&data, &acked);
+        let (code, out) = fsck(&data, &["-n"]);
+        assert_eq!(code, Some(0), "{point}: fsck after the restart:\n{out}");
+        assert!(!out.contains("to apply"), "{point}: {out}");
+    }
+}
+
+/// The last entry the state holds, as `tablix fsck -n` reports it.
+fn state_applied(data: &Path) -> u64 {
+    let (code, out) = fsck(data, &["-n"]);
+    assert_eq!(code, Some(0), "{out}");
+    let at = out.find("the state holds entries up to ").unwrap() + 30;
+    out[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Flips a payload byte of entry `index` in the log's segment files.
+fn damage_entry(data: &Path, index: u64) {
+    let mut key = 1u64.to_le_bytes().to_vec();
+    key.extend_from_slice(&index.to_le_bytes());
+    for item in std::fs::read_dir(data.join("log")).unwrap() {
+        let path = item.unwrap().path();
+        let mut b = std::fs::read(&path).unwrap();
+        // term 1 and the index follow the CRC and length of a record.
+        if let Some(at) = b.windows(16).position(|w| w == key) {
+            b[at + 16 + 2] ^= 0x40;
+            std::fs::write(&path, b).unwrap();
+            return;
+        }
+    }
+    panic!("no record of entry {index} in the log");
+}
+
+fn acked_rows_in(db: &Path) -> i64 {
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.query_row("SELECT count(*) FROM acked", [], |r| r.get(0))
+        .unwrap()
+}
+
+#[test]
+fn a_damaged_command_log_is_refused_with_what_is_lost_and_fsck_cuts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    counted_tables(&data);
+    let killed = |n: u32| {
+        let at = format!("committed:{n}");
+        let d = Daemon::start_env(&data, &["--mode", "sync"], &[("TABLIX_KILL_AT", &at)]);
+        acked_writes_until_death(d, true);
+    };
+    // The state as it was after a first run, kept aside; a second run
+    // logs and applies more. With the kept state back, the log holds
+    // entries the state lacks: what a crash leaves between sync and
+    // commit, only more of them.
+    killed(5);
+    let first = state_applied(&data);
+    let saved = dir.path().join("saved");
+    std::fs::create_dir(&saved).unwrap();
+    for f in ["tablix.db", "tablix.db-wal"] {
+        std::fs::copy(data.join(f), saved.join(f)).unwrap();
+    }
+    killed(8);
+    let second = state_applied(&data);
+    assert!(second >= first + 8, "{first} {second}");
+    for f in ["tablix.db", "tablix.db-wal"] {
+        std::fs::copy(saved.join(f), data.join(f)).unwrap();
+    }
+    let _ = std::fs::remove_file(data.join("tablix.db-shm"));
+    let bad = first + 3;
+    damage_entry(&data, bad);
+    // The daemon refuses, naming what cannot be applied and the way out.
+    let err = match Daemon::try_start(&data, &[]) {
+        Ok(_) => panic!("a daemon started on a damaged log"),
+        Err(e) => e,
+    };
+    assert!(
+        err.contains("command log is damaged")
+            && err.contains(&format!("entry {bad} "))
+            && err.contains(&format!("entries {bad}..={second}"))
+            && err.contains("tablix fsck"),
+        "{err}"
+    );
+    let (code, out) = fsck(&data, &["-n"]);
+    assert_eq!(code, Some(4), "{out}");
+    assert!(out.contains("problem: command log:"), "{out}");
+    let (code, out) = fsck(&data, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("repaired: cut the command log"), "{out}");
+    let (code, out) = fsck(&data, &["-n"]);
+    assert_eq!(code, Some(0), "{out}");
+    // The two entries before the damage were applied, none after it; the
+    // repair's own Command took the index the damaged entry had.
+    assert_eq!(state_applied(&data), bad);
+    every_acked_write_applied_once_or_cut(&data, acked_rows_in(&saved.join("tablix.db")) + 2);
+    // Damage in entries the state already holds costs nothing: the log is
+    // cut with a warning and the daemon starts.
+    killed(4);
+    let now = state_applied(&data);
+    damage_entry(&data, now - 2);
+    let d = Daemon::start(&data, &[]);
+    let log = d.stop_with_log();
+    assert!(log.contains("nothing is lost"), "{log}");
+}
+
+/// After a cut log: the counter still matches the rows (each Command
+/// applied once), and the state holds `want` rows.
+fn every_acked_write_applied_once_or_cut(data: &Path, want: i64) {
+    let d = Daemon::start(data, &[]);
+    let j = d.post(
+        "/db/query",
+        r#"["PRAGMA integrity_check", "SELECT count(*) FROM acked", "SELECT n = (SELECT count(*) FROM acked) FROM applied"]"#,
+    );
+    assert_eq!(j["results"][0]["values"], serde_json::json!([["ok"]]));
+    assert_eq!(j["results"][1]["values"], serde_json::json!([[want]]));
+    assert_eq!(j["results"][2]["values"], serde_json::json!([[1]]));
     d.stop();
 }
 
@@ -541,6 +736,18 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     d.stop();
 }
 
+/// The child's exit status once it exits, or `None` after `limit`.
+fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
 fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let o = Command::new(BIN)
         .args(["fsck", "--data"])
@@ -552,9 +759,14 @@ fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     (o.status.code(), format!("{out}{err}"))
 }
 
-/// Writes files with fsync from several threads until the daemon dies;
-/// returns what was fsync'ed.
-fn write_until_the_daemon_dies(mnt: &Path, daemon: Daemon) -> Vec<(String, Vec<u8>)> {
+/// Writes files with fsync from several threads until the daemon dies:
+/// killed after 1.5 s, or, when it `kills_itself`, on its own (within 60 s,
+/// or the test fails); returns what was fsync'ed.
+fn write_until_the_daemon_dies(
+    mnt: &Path,
+    daemon: Daemon,
+    kills_itself: bool,
+) -> Vec<(String, Vec<u8>)> {
     let synced = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -581,10 +793,20 @@ fn write_until_the_daemon_dies(mnt: &Path, daemon: Daemon) -> Vec<(String, Vec<u
             }
         }));
     }
-    std::thread::sleep(Duration::from_millis(1500));
     let mut daemon = daemon;
-    daemon.signal(Signal::SIGKILL);
-    let _ = daemon.child.wait();
+    if kills_itself {
+        let status = wait_for_exit(&mut daemon.child, Duration::from_secs(60))
+            .expect("the daemon never reached its TABLIX_KILL_AT point");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{status}"
+        );
+    } else {
+        std::thread::sleep(Duration::from_millis(1500));
+        daemon.signal(Signal::SIGKILL);
+        let _ = daemon.child.wait();
+    }
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
@@ -592,14 +814,18 @@ fn write_until_the_daemon_dies(mnt: &Path, daemon: Daemon) -> Vec<(String, Vec<u
     synced.lock().unwrap().clone()
 }
 
-fn crash_and_remount(mode: &str) {
+/// Writes with fsync until the daemon dies (killed by the test, or by
+/// itself at `kill_at`, a `TABLIX_KILL_AT` value), then checks that every
+/// fsync'ed byte is back after a restart.
+fn crash_and_remount(mode: &str, kill_at: Option<&str>) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
     let mnt_s = mnt.to_str().unwrap();
-    let daemon = Daemon::start(&data, &["--mode", mode, mnt_s]);
-    let synced = write_until_the_daemon_dies(&mnt, daemon);
+    let env: Vec<(&str, &str)> = kill_at.map(|k| ("TABLIX_KILL_AT", k)).into_iter().collect();
+    let daemon = Daemon::start_env(&data, &["--mode", mode, mnt_s], &env);
+    let synced = write_until_the_daemon_dies(&mnt, daemon, kill_at.is_some());
     assert!(
         synced.len() > 10,
         "too few writes before the crash: {}",
@@ -636,14 +862,30 @@ fn crash_and_remount(mode: &str) {
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode() {
     tablix_testkit::require::fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_sync_mode");
-    crash_and_remount("sync");
+    crash_and_remount("sync", None);
 }
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode() {
     tablix_testkit::require::fuse("kill_9_during_fsynced_file_writes_keeps_every_byte_async_mode");
-    crash_and_remount("async");
+    crash_and_remount("async", None);
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn kill_9_in_async_mode_after_an_acknowledged_unsynced_write_keeps_every_fsynced_byte() {
+    tablix_testkit::require::fuse(
+        "kill_9_in_async_mode_after_an_acknowledged_unsynced_write_keeps_every_fsynced_byte",
+    );
+    crash_and_remount("async", Some("pending-applied:400"));
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte() {
+    tablix_testkit::require::fuse("kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte");
+    crash_and_remount("async", Some("flush-synced:12"));
 }
 
 #[test]
