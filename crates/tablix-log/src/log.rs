@@ -631,6 +631,21 @@ impl Log {
         Ok(())
     }
 
+    /// Empties the log, durably, and makes the next append take
+    /// `before.index + 1` (1 when `before` is none), below or above where
+    /// it stood: a follower's log that restarts after a snapshot.
+    pub fn reset(&mut self, before: Option<LogId>) -> Result<(), LogError> {
+        self.check()?;
+        while let Some(mut s) = self.live.pop_back() {
+            let r = s.invalidate();
+            self.release(s);
+            self.poison(r)?;
+        }
+        self.purged = before.filter(|b| b.index > 0);
+        self.last = self.purged;
+        Ok(())
+    }
+
     /// Directory of the log's files.
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -277,6 +277,42 @@ fn purging_past_the_end_empties_the_log_and_moves_its_start() {
 }
 
 #[test]
+fn a_reset_log_restarts_at_any_index_durably() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = five_synced(dir.path());
+    log.purge(LogId { term: 1, index: 3 }).unwrap();
+    // Below the purged start and above the end alike.
+    for before in [LogId { term: 2, index: 1 }, LogId { term: 4, index: 90 }] {
+        log.reset(Some(before)).unwrap();
+        assert_eq!(
+            (log.first_index(), log.next_index()),
+            (before.index + 1, before.index + 1)
+        );
+        assert_eq!(log.last(), Some(before));
+        log.append(
+            LogId {
+                term: before.term,
+                index: before.index + 1,
+            },
+            b"first",
+        )
+        .unwrap();
+        log.sync().unwrap();
+        drop(log);
+        log = open(dir.path());
+        assert_eq!(log.purged(), Some(before));
+        assert_eq!(log.entry(before.index + 1).unwrap().payload, b"first");
+        assert!(log.entry(before.index).is_err());
+    }
+    log.reset(None).unwrap();
+    assert_eq!(log.next_index(), 1);
+    log.append(LogId { term: 1, index: 1 }, b"again").unwrap();
+    log.sync().unwrap();
+    drop(log);
+    assert_eq!(open(dir.path()).entry(1).unwrap().payload, b"again");
+}
+
+#[test]
 fn the_vote_is_replaced_whole_and_damage_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = open(dir.path());
