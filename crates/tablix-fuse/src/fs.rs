@@ -16,12 +16,13 @@ use fuser::{
     ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
     TimeOrNow, WriteFlags,
 };
-use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, read};
+use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, SetAttr, SetTime, read};
 use tablix_store::{Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{fs_errno, store_errno, to_fuser};
-use crate::pipes::{CONTROL_INO, CONTROL_NAME, Pipes, is_virtual};
+use crate::pipes::{CONTROL_INO, Pipes};
+use crate::route::{self, Entry, Node};
 
 /// How the mount behaves.
 #[derive(Clone, Debug)]
@@ -92,10 +93,11 @@ impl TablixFs {
         }
     }
 
-    /// The control directory's name at the root: it cannot be removed,
-    /// renamed or replaced.
-    fn is_control(parent: u64, name: &OsStr) -> bool {
-        parent == ROOT && name.as_bytes() == CONTROL_NAME
+    fn getattr_of(&self, ino: Ino) -> Result<Attr, Errno> {
+        match route::node(ino) {
+            Node::Virtual(ino) => self.pipes.getattr(ino),
+            Node::Stored(ino) => self.read(|c| read::getattr(c, ino)),
+        }
     }
 
     fn reply_empty(reply: ReplyEmpty, r: Result<(), Errno>) {
@@ -106,14 +108,17 @@ impl TablixFs {
     }
 
     fn setattr_inner(&self, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
-        if is_virtual(ino) {
-            // A pipe has no length to truncate (O_TRUNC on a FIFO is
-            // ignored too); its owner and mode are fixed at creation.
-            if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
-                return Err(Errno::EPERM);
+        let ino = match route::node(ino) {
+            Node::Virtual(ino) => {
+                // A pipe has no length to truncate (O_TRUNC on a FIFO is
+                // ignored too); its owner and mode are fixed at creation.
+                if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+                    return Err(Errno::EPERM);
+                }
+                return self.pipes.getattr(ino);
             }
-            return self.pipes.getattr(ino);
-        }
+            Node::Stored(ino) => ino,
+        };
         if set == SetAttr::default() {
             return self.read(|c| read::getattr(c, ino));
         }
@@ -128,11 +133,13 @@ impl TablixFs {
         mode: u32,
         rdev: u32,
     ) -> Result<Attr, Errno> {
-        if is_virtual(parent.0) {
-            return Err(Errno::EPERM);
-        }
+        let parent = match route::entry(parent.0, name) {
+            Entry::Stored(p) => p,
+            Entry::Control => return Err(Errno(libc::EEXIST)),
+            Entry::Virtual(_) => return Err(Errno::EPERM),
+        };
         self.change_attr(FsOp::MakeNode {
-            parent: parent.0,
+            parent,
             name: name.as_bytes().to_vec(),
             mode,
             rdev,
@@ -191,11 +198,7 @@ impl TablixFs {
     }
 
     fn access_inner(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
-        let a = if is_virtual(ino) {
-            self.pipes.getattr(ino)?
-        } else {
-            self.read(|c| read::getattr(c, ino))?
-        };
+        let a = self.getattr_of(ino)?;
         let mask = mask.bits() as u32 & 0o7;
         if mask == 0 {
             return Ok(());
@@ -278,12 +281,10 @@ impl Filesystem for TablixFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let r = if Self::is_control(parent.0, name) {
-            self.pipes.getattr(CONTROL_INO)
-        } else if is_virtual(parent.0) {
-            self.pipes.lookup(parent.0, name.as_bytes())
-        } else {
-            self.read(|c| read::lookup(c, parent.0, name.as_bytes()))
+        let r = match route::entry(parent.0, name) {
+            Entry::Control => self.pipes.getattr(CONTROL_INO),
+            Entry::Virtual(p) => self.pipes.lookup(p, name.as_bytes()),
+            Entry::Stored(p) => self.read(|c| read::lookup(c, p, name.as_bytes())),
         };
         match r {
             // A missing name is cached by the kernel as a negative entry
@@ -297,21 +298,15 @@ impl Filesystem for TablixFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        if is_virtual(ino.0) {
-            return;
-        }
-        if let Err(e) = self.forget_inner(vec![ino.0]) {
-            tracing::warn!("forget of inode {}: {e}", ino.0);
+        if let Node::Stored(ino) = route::node(ino.0)
+            && let Err(e) = self.forget_inner(vec![ino])
+        {
+            tracing::warn!("forget of inode {ino}: {e}");
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let r = if is_virtual(ino.0) {
-            self.pipes.getattr(ino.0)
-        } else {
-            self.read(|c| read::getattr(c, ino.0))
-        };
-        match r {
+        match self.getattr_of(ino.0) {
             Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -351,7 +346,12 @@ impl Filesystem for TablixFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.read(|c| read::readlink(c, ino.0)) {
+        let r = match route::node(ino.0) {
+            // Nothing under .tablix is a symbolic link.
+            Node::Virtual(_) => Err(Errno(libc::EINVAL)),
+            Node::Stored(ino) => self.read(|c| read::readlink(c, ino)),
+        };
+        match r {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -385,31 +385,30 @@ impl Filesystem for TablixFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if is_virtual(parent.0) {
-            Self::reply_empty(reply, self.pipes.unlink(parent.0, name.as_bytes()));
-            return;
-        }
-        if Self::is_control(parent.0, name) {
-            Self::reply_empty(reply, Err(Errno::EPERM));
-            return;
-        }
-        let r = self.change(FsOp::Unlink {
-            parent: parent.0,
-            name: name.as_bytes().to_vec(),
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match route::entry(parent.0, name) {
+            Entry::Virtual(p) => self.pipes.unlink(p, name.as_bytes()),
+            Entry::Control => Err(Errno::EPERM),
+            Entry::Stored(parent) => self
+                .change(FsOp::Unlink {
+                    parent,
+                    name: name.as_bytes().to_vec(),
+                })
+                .map(|_| ()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if is_virtual(parent.0) || Self::is_control(parent.0, name) {
-            Self::reply_empty(reply, Err(Errno::EPERM));
-            return;
-        }
-        let r = self.change(FsOp::Rmdir {
-            parent: parent.0,
-            name: name.as_bytes().to_vec(),
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match route::entry(parent.0, name) {
+            Entry::Virtual(_) | Entry::Control => Err(Errno::EPERM),
+            Entry::Stored(parent) => self
+                .change(FsOp::Rmdir {
+                    parent,
+                    name: name.as_bytes().to_vec(),
+                })
+                .map(|_| ()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn symlink(
@@ -420,17 +419,17 @@ impl Filesystem for TablixFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        if is_virtual(parent.0) {
-            self.reply_entry(reply, Err(Errno::EPERM));
-            return;
-        }
-        let r = self.change_attr(FsOp::Symlink {
-            parent: parent.0,
-            name: link_name.as_bytes().to_vec(),
-            target: target.as_os_str().as_bytes().to_vec(),
-            uid: req.uid(),
-            gid: req.gid(),
-        });
+        let r = match route::entry(parent.0, link_name) {
+            Entry::Virtual(_) => Err(Errno::EPERM),
+            Entry::Control => Err(Errno(libc::EEXIST)),
+            Entry::Stored(parent) => self.change_attr(FsOp::Symlink {
+                parent,
+                name: link_name.as_bytes().to_vec(),
+                target: target.as_os_str().as_bytes().to_vec(),
+                uid: req.uid(),
+                gid: req.gid(),
+            }),
+        };
         self.reply_entry(reply, r);
     }
 
@@ -444,22 +443,22 @@ impl Filesystem for TablixFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if is_virtual(parent.0)
-            || is_virtual(newparent.0)
-            || Self::is_control(parent.0, name)
-            || Self::is_control(newparent.0, newname)
-        {
-            Self::reply_empty(reply, Err(Errno::EPERM));
-            return;
-        }
-        let r = self.change(FsOp::Rename {
-            parent: parent.0,
-            name: name.as_bytes().to_vec(),
-            new_parent: newparent.0,
-            new_name: newname.as_bytes().to_vec(),
-            flags: flags.bits(),
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match (
+            route::entry(parent.0, name),
+            route::entry(newparent.0, newname),
+        ) {
+            (Entry::Stored(parent), Entry::Stored(new_parent)) => self
+                .change(FsOp::Rename {
+                    parent,
+                    name: name.as_bytes().to_vec(),
+                    new_parent,
+                    new_name: newname.as_bytes().to_vec(),
+                    flags: flags.bits(),
+                })
+                .map(|_| ()),
+            _ => Err(Errno::EPERM),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn link(
@@ -470,21 +469,20 @@ impl Filesystem for TablixFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        if is_virtual(ino.0) || is_virtual(newparent.0) {
-            self.reply_entry(reply, Err(Errno::EPERM));
-            return;
-        }
-        let r = self.change_attr(FsOp::Link {
-            ino: ino.0,
-            parent: newparent.0,
-            name: newname.as_bytes().to_vec(),
-        });
+        let r = match (route::node(ino.0), route::entry(newparent.0, newname)) {
+            (Node::Stored(ino), Entry::Stored(parent)) => self.change_attr(FsOp::Link {
+                ino,
+                parent,
+                name: newname.as_bytes().to_vec(),
+            }),
+            _ => Err(Errno::EPERM),
+        };
         self.reply_entry(reply, r);
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if is_virtual(ino.0) {
-            self.pipes.open(ino.0, flags.0, req.pid(), reply);
+        if let Node::Virtual(ino) = route::node(ino.0) {
+            self.pipes.open(ino, flags.0, req.pid(), reply);
             return;
         }
         // No per-open state is kept for files; the kernel keeps its page
@@ -505,7 +503,7 @@ impl Filesystem for TablixFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if is_virtual(ino.0) {
+        if let Node::Virtual(_) = route::node(ino.0) {
             self.pipes.release(fh.0);
         }
         reply.ok();
@@ -521,7 +519,7 @@ impl Filesystem for TablixFs {
         flags: PollFlags,
         reply: ReplyPoll,
     ) {
-        if !is_virtual(ino.0) {
+        if let Node::Stored(_) = route::node(ino.0) {
             // Files are always ready. (ENOSYS would make the kernel stop
             // asking for every file of the mount, pipes included.)
             reply.poll(
@@ -550,11 +548,14 @@ impl Filesystem for TablixFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        if is_virtual(ino.0) {
-            self.pipes.read(fh.0, size, flags.0, req.pid(), reply);
-            return;
-        }
-        match self.read(|c| read::read(c, ino.0, offset, size)) {
+        let ino = match route::node(ino.0) {
+            Node::Virtual(_) => {
+                self.pipes.read(fh.0, size, flags.0, req.pid(), reply);
+                return;
+            }
+            Node::Stored(ino) => ino,
+        };
+        match self.read(|c| read::read(c, ino, offset, size)) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -572,12 +573,15 @@ impl Filesystem for TablixFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if is_virtual(ino.0) {
-            self.pipes.write(fh.0, data, flags.0, req.pid(), reply);
-            return;
-        }
+        let ino = match route::node(ino.0) {
+            Node::Virtual(_) => {
+                self.pipes.write(fh.0, data, flags.0, req.pid(), reply);
+                return;
+            }
+            Node::Stored(ino) => ino,
+        };
         let r = self.change(FsOp::Write {
-            ino: ino.0,
+            ino,
             offset,
             data: data.to_vec(),
             kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
@@ -611,21 +615,16 @@ impl Filesystem for TablixFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if is_virtual(ino.0) {
+        let r = match route::node(ino.0) {
             // Every byte of a pipe is in the memory database already.
-            reply.ok();
-            return;
-        }
-        Self::reply_empty(reply, self.fsync_inner());
+            Node::Virtual(_) => Ok(()),
+            Node::Stored(_) => self.fsync_inner(),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let r = if is_virtual(ino.0) {
-            self.pipes.getattr(ino.0)
-        } else {
-            self.read(|c| read::getattr(c, ino.0))
-        };
-        match r {
+        match self.getattr_of(ino.0) {
             Ok(a) if a.is_dir() => reply.opened(FileHandle(0), FopenFlags::empty()),
             Ok(_) => reply.error(to_fuser(Errno::ENOTDIR)),
             Err(e) => reply.error(to_fuser(e)),
@@ -648,10 +647,9 @@ impl Filesystem for TablixFs {
                 OsStr::from_bytes(&e.name),
             )
         };
-        let r = if is_virtual(ino.0) {
-            self.pipes.readdir(ino.0, offset, emit)
-        } else {
-            self.read(|c| read::readdir(c, ino.0, offset, emit))
+        let r = match route::node(ino.0) {
+            Node::Virtual(ino) => self.pipes.readdir(ino, offset, emit),
+            Node::Stored(ino) => self.read(|c| read::readdir(c, ino, offset, emit)),
         };
         match r {
             Ok(()) => reply.ok(),
@@ -678,10 +676,9 @@ impl Filesystem for TablixFs {
                 GENERATION,
             )
         };
-        let r = if is_virtual(ino.0) {
-            self.pipes.readdir(ino.0, offset, emit)
-        } else {
-            self.read(|c| read::readdir(c, ino.0, offset, emit))
+        let r = match route::node(ino.0) {
+            Node::Virtual(ino) => self.pipes.readdir(ino, offset, emit),
+            Node::Stored(ino) => self.read(|c| read::readdir(c, ino, offset, emit)),
         };
         match r {
             Ok(()) => reply.ok(),
@@ -726,50 +723,47 @@ impl Filesystem for TablixFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if is_virtual(ino.0) {
-            let r = self
-                .pipes
-                .set_xattr(ino.0, name.as_bytes(), value, req.uid());
-            Self::reply_empty(reply, r);
-            return;
-        }
-        let r = self.change(FsOp::SetXattr {
-            ino: ino.0,
-            name: name.as_bytes().to_vec(),
-            value: value.to_vec(),
-            flags,
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match route::node(ino.0) {
+            Node::Virtual(ino) => self.pipes.set_xattr(ino, name.as_bytes(), value, req.uid()),
+            Node::Stored(ino) => self
+                .change(FsOp::SetXattr {
+                    ino,
+                    name: name.as_bytes().to_vec(),
+                    value: value.to_vec(),
+                    flags,
+                })
+                .map(|_| ()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let r = if is_virtual(ino.0) {
-            self.pipes.get_xattr(ino.0, name.as_bytes())
-        } else {
-            self.read(|c| read::getxattr(c, ino.0, name.as_bytes()))
+        let r = match route::node(ino.0) {
+            Node::Virtual(ino) => self.pipes.get_xattr(ino, name.as_bytes()),
+            Node::Stored(ino) => self.read(|c| read::getxattr(c, ino, name.as_bytes())),
         };
         reply_xattr(reply, r, size);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let r = if is_virtual(ino.0) {
-            Ok(self.pipes.list_xattr(ino.0))
-        } else {
-            self.read(|c| read::listxattr(c, ino.0))
+        let r = match route::node(ino.0) {
+            Node::Virtual(ino) => Ok(self.pipes.list_xattr(ino)),
+            Node::Stored(ino) => self.read(|c| read::listxattr(c, ino)),
         };
         reply_xattr(reply, r, size);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if is_virtual(ino.0) {
-            Self::reply_empty(reply, Err(Errno::ENODATA));
-            return;
-        }
-        let r = self.change(FsOp::RemoveXattr {
-            ino: ino.0,
-            name: name.as_bytes().to_vec(),
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match route::node(ino.0) {
+            Node::Virtual(_) => Err(Errno::ENODATA),
+            Node::Stored(ino) => self
+                .change(FsOp::RemoveXattr {
+                    ino,
+                    name: name.as_bytes().to_vec(),
+                })
+                .map(|_| ()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -786,9 +780,9 @@ impl Filesystem for TablixFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        if is_virtual(parent.0) {
+        if let Entry::Virtual(parent) = route::entry(parent.0, name) {
             let who = (req.uid(), req.gid(), req.pid());
-            self.pipes.create(parent.0, name, mode, flags, who, reply);
+            self.pipes.create(parent, name, mode, flags, who, reply);
             return;
         }
         let mode = libc::S_IFREG | (mode & 0o7777);
@@ -814,17 +808,18 @@ impl Filesystem for TablixFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        if is_virtual(ino.0) {
-            Self::reply_empty(reply, Err(Errno(libc::ESPIPE)));
-            return;
-        }
-        let r = self.change(FsOp::Fallocate {
-            ino: ino.0,
-            offset,
-            length,
-            mode,
-        });
-        Self::reply_empty(reply, r.map(|_| ()));
+        let r = match route::node(ino.0) {
+            Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
+            Node::Stored(ino) => self
+                .change(FsOp::Fallocate {
+                    ino,
+                    offset,
+                    length,
+                    mode,
+                })
+                .map(|_| ()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn ioctl(
@@ -853,12 +848,10 @@ impl Filesystem for TablixFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let r = if is_virtual(ino.0) {
-            Err(Errno(libc::ESPIPE))
-        } else if offset < 0 {
-            Err(Errno::ENXIO)
-        } else {
-            self.read(|c| read::seek(c, ino.0, offset as u64, whence))
+        let r = match route::node(ino.0) {
+            Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
+            Node::Stored(_) if offset < 0 => Err(Errno::ENXIO),
+            Node::Stored(ino) => self.read(|c| read::seek(c, ino, offset as u64, whence)),
         };
         match r {
             Ok(off) => reply.offset(off as i64),

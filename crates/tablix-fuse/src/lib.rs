@@ -15,6 +15,7 @@ pub mod errno;
 mod fs;
 mod mount;
 mod pipes;
+mod route;
 
 pub use fs::{FsConfig, TablixFs};
 pub use mount::{MountError, MountOptions, Mounted, mount};

@@ -55,10 +55,6 @@ pub const CAPACITY_XATTR: &[u8] = b"user.tablix.capacity";
 /// How often parked callers are checked for signals.
 const SIGNAL_SCAN: Duration = Duration::from_millis(20);
 
-pub(crate) fn is_virtual(ino: u64) -> bool {
-    ino >= CONTROL_INO
-}
-
 fn pipe_of(ino: u64) -> Option<i64> {
     ino.checked_sub(PIPE_INO_BASE)
         .and_then(|id| i64::try_from(id).ok())
