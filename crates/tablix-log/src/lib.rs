@@ -11,9 +11,11 @@
 
 mod error;
 mod log;
+mod power;
 mod record;
 mod segment;
 mod vote;
 
 pub use error::LogError;
 pub use log::{Damage, Entry, Inspection, Log, LogConfig, LogId, MAX_ENTRY_BYTES, Recovered};
+pub use power::PowerModel;

@@ -4,9 +4,9 @@
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::LogError;
+use crate::power::PowerModel;
 use crate::record::Header;
 use crate::segment::{ScanEnd, Segment};
 
@@ -32,10 +32,10 @@ pub struct LogConfig {
     pub segment_bytes: u64,
     /// Free segments kept for reuse; more are deleted.
     pub keep_free: usize,
-    /// Tests of power loss set this when the machine "dies": from then on
-    /// nothing more reaches the log's files (every write and sync fails),
-    /// so the files hold what was written before, as after a crash.
-    pub halt: Option<Arc<AtomicBool>>,
+    /// Crash tests' model of the machine: once halted nothing more
+    /// reaches the log's files (every write and sync fails), and a power
+    /// loss puts them back as their last syncs left them.
+    pub power: Option<Arc<PowerModel>>,
     /// Open a log with damage ([`LogError::Damaged`]) by cutting it
     /// before the first entry that does not check: the entries from there
     /// on are gone. Without it the open is refused and nothing changes.
@@ -47,7 +47,7 @@ impl Default for LogConfig {
         LogConfig {
             segment_bytes: 64 << 20,
             keep_free: 2,
-            halt: None,
+            power: None,
             discard_damaged: false,
         }
     }
@@ -123,7 +123,7 @@ struct Scanned {
     next_file: u64,
 }
 
-fn scan(dir: &Path, writable: bool) -> Result<Scanned, LogError> {
+fn scan(dir: &Path, writable: bool, power: Option<Arc<PowerModel>>) -> Result<Scanned, LogError> {
     let mut out = Scanned {
         found: Vec::new(),
         free: Vec::new(),
@@ -141,7 +141,7 @@ fn scan(dir: &Path, writable: bool) -> Result<Scanned, LogError> {
             continue;
         };
         out.next_file = out.next_file.max(n + 1);
-        match Segment::open(item.path(), writable)? {
+        match Segment::open(item.path(), writable, power.clone())? {
             Some(s) => out.found.push(s),
             None => out.free.push(item.path()),
         }
@@ -265,7 +265,7 @@ impl Log {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
             .create(dir)
             .map_err(|e| LogError::io(dir, "creating the directory", e))?;
-        let scanned = scan(dir, true)?;
+        let scanned = scan(dir, true, config.power.clone())?;
         let next_seq = scanned.found.last().map_or(1, |(s, _)| s.header.seq + 1);
         let assembled = assemble(scanned.found);
         if let Some(d) = &assembled.damage
@@ -300,10 +300,10 @@ impl Log {
             if s.next_index() > first {
                 recovered.orphaned_segments += 1;
             }
-            log.release(s);
+            log.retire(s)?;
         }
         for path in scanned.free {
-            let s = Segment::open_free(path)?;
+            let s = Segment::open_free(path, log.config.power.clone())?;
             log.release(s);
         }
         Ok((log, recovered))
@@ -315,7 +315,7 @@ impl Log {
         if !dir.exists() {
             return Ok(Inspection::default());
         }
-        let assembled = assemble(scan(dir, false)?.found);
+        let assembled = assemble(scan(dir, false, None)?.found);
         let (purged, last) = bounds(&assembled.live);
         Ok(Inspection {
             purged,
@@ -372,13 +372,10 @@ impl Log {
     }
 
     fn check(&self) -> Result<(), LogError> {
-        if self
-            .config
-            .halt
-            .as_ref()
-            .is_some_and(|h| h.load(Ordering::Relaxed))
-        {
-            return Err(LogError::Poisoned("halted (a test's power loss)".into()));
+        if self.config.power.as_ref().is_some_and(|p| p.is_halted()) {
+            return Err(LogError::Poisoned(
+                "the machine lost power (a crash test)".into(),
+            ));
         }
         match &self.poisoned {
             Some(why) => Err(LogError::Poisoned(why.clone())),
@@ -458,22 +455,12 @@ impl Log {
             let r = s.sync();
             self.poison(r)?;
         }
-        let purged_to = self.purged.map_or(0, |p| p.index);
-        while self
-            .live
-            .front()
-            .is_some_and(|s| s.next_index() - 1 <= purged_to)
-        {
-            if let Some(s) = self.live.pop_front() {
-                self.release(s);
-            }
-        }
         let header = Header::new(
             self.next_seq,
             self.next_index(),
             self.last.map_or(0, |l| l.term),
         );
-        let seg = match self.free.pop() {
+        let mut seg = match self.free.pop() {
             Some(mut s) => match s.restart(header) {
                 Ok(()) => s,
                 Err(e) => {
@@ -485,17 +472,51 @@ impl Log {
                 let path = self
                     .dir
                     .join(format!("{:08}{SEGMENT_SUFFIX}", self.next_file));
-                let s = Segment::create(path, header)?;
+                let s = Segment::create(path, header, self.config.power.clone())?;
                 self.next_file += 1;
                 s
             }
         };
+        // Segments holding only purged entries are retired once the new
+        // one's header (which names the entry before it) is durable: a
+        // crash in between leaves a log that starts earlier, never one
+        // that forgot where it stood.
+        let purged_to = self.purged.map_or(0, |p| p.index);
+        let spent = self
+            .live
+            .iter()
+            .take_while(|s| s.next_index() - 1 <= purged_to)
+            .count();
+        if spent > 0 {
+            let r = seg.sync();
+            if let Err(e) = r {
+                self.free.push(seg);
+                return self.poison(Err(e));
+            }
+            for _ in 0..spent {
+                if let Some(s) = self.live.pop_front() {
+                    let r = self.retire(s);
+                    self.poison(r)?;
+                }
+            }
+        }
         self.next_seq += 1;
         self.live.push_back(seg);
         Ok(())
     }
 
-    /// Keeps a segment no longer live for reuse, or deletes it.
+    /// Frees a segment whose entries are no longer the log's: its header
+    /// is zeroed and synced first, so that no later open takes it for part
+    /// of the log (a purged segment left with its header could come back
+    /// after a crash while a newer one, deleted, did not).
+    fn retire(&mut self, mut s: Segment) -> Result<(), LogError> {
+        let r = s.invalidate();
+        self.release(s);
+        r
+    }
+
+    /// Keeps a segment no longer live (already invalid on disk) for
+    /// reuse, or deletes it.
     fn release(&mut self, s: Segment) {
         if self.free.len() < self.config.keep_free {
             self.free.push(s);
@@ -608,7 +629,8 @@ impl Log {
                 .is_some_and(|s| s.next_index() - 1 <= upto.index)
         {
             if let Some(s) = self.live.pop_front() {
-                self.release(s);
+                let r = self.retire(s);
+                self.poison(r)?;
             }
         }
         if self

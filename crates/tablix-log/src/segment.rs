@@ -10,7 +10,10 @@ use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use crate::error::LogError;
+use crate::power::PowerModel;
 use crate::record::{self, HEADER_BYTES, Header, RECORD_HEADER_BYTES, RecordHeader, Salt};
 
 /// Bytes written as zeros ahead of the records at a time.
@@ -55,6 +58,8 @@ pub(crate) struct Segment {
     len: u64,
     /// Written since the last fdatasync.
     dirty: bool,
+    /// Crash tests' model of power loss, if any.
+    power: Option<Arc<PowerModel>>,
 }
 
 fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<(), LogError> {
@@ -64,7 +69,11 @@ fn read_exact_at(file: &File, path: &Path, buf: &mut [u8], at: u64) -> Result<()
 
 impl Segment {
     /// Creates a segment file with `header` and no entries.
-    pub(crate) fn create(path: PathBuf, header: Header) -> Result<Segment, LogError> {
+    pub(crate) fn create(
+        path: PathBuf,
+        header: Header,
+        power: Option<Arc<PowerModel>>,
+    ) -> Result<Segment, LogError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -82,8 +91,17 @@ impl Segment {
             buf_at: HEADER_BYTES,
             len: 0,
             dirty: true,
+            power,
         };
-        if let Err(e) = s.restart(header) {
+        // The new file's name is made durable before any entry in it is.
+        let dir_synced = s
+            .path
+            .parent()
+            .ok_or_else(|| std::io::Error::other("a segment path without a directory"))
+            .and_then(File::open)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| LogError::io(&s.path, "syncing the directory", e));
+        if let Err(e) = dir_synced.and_then(|()| s.restart(header)) {
             let _ = std::fs::remove_file(&s.path);
             return Err(e);
         }
@@ -96,6 +114,7 @@ impl Segment {
     pub(crate) fn open(
         path: PathBuf,
         writable: bool,
+        power: Option<Arc<PowerModel>>,
     ) -> Result<Option<(Segment, ScanEnd)>, LogError> {
         let mut file = OpenOptions::new()
             .read(true)
@@ -166,14 +185,20 @@ impl Segment {
             buf: Vec::new(),
             buf_at: pos as u64,
             len,
-            dirty: false,
+            // What a crashed process wrote may not be on disk yet: the
+            // first sync after opening makes it so.
+            dirty: true,
+            power,
         };
         Ok(Some((s, end)))
     }
 
     /// Opens a file without a valid header as a free segment, to be
     /// restarted before use.
-    pub(crate) fn open_free(path: PathBuf) -> Result<Segment, LogError> {
+    pub(crate) fn open_free(
+        path: PathBuf,
+        power: Option<Arc<PowerModel>>,
+    ) -> Result<Segment, LogError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -194,6 +219,7 @@ impl Segment {
             buf_at: HEADER_BYTES,
             len,
             dirty: false,
+            power,
         })
     }
 
@@ -261,14 +287,14 @@ impl Segment {
         let need = end + RECORD_HEADER_BYTES as u64;
         let grows = need > self.len;
         self.buf.extend_from_slice(&END);
-        let r = self.file.write_all_at(&self.buf, self.buf_at);
+        let r = self.write_at(&self.buf, self.buf_at);
         self.buf.truncate(self.buf.len() - RECORD_HEADER_BYTES);
         if let Err(e) = r {
             let full = e.kind() == std::io::ErrorKind::StorageFull;
             if grows {
-                let _ = self.file.set_len(self.len);
+                let _ = self.set_len(self.len);
             }
-            let restored = self.file.write_all_at(&END, self.buf_at).is_ok();
+            let restored = self.write_at(&END, self.buf_at).is_ok();
             let op = if full && restored {
                 "extending"
             } else {
@@ -304,10 +330,10 @@ impl Segment {
                 if source.kind() == std::io::ErrorKind::StorageFull =>
             {
                 // Give back what the chunk's partial write took.
-                let _ = self.file.set_len(self.len);
+                let _ = self.set_len(self.len);
                 let r = self.zero_to(need.div_ceil(PAGE_BYTES) * PAGE_BYTES);
                 if r.is_err() {
-                    let _ = self.file.set_len(self.len);
+                    let _ = self.set_len(self.len);
                 }
                 r
             }
@@ -320,8 +346,7 @@ impl Segment {
         let mut at = self.len;
         while at < target {
             let n = (target - at).min(CHUNK_BYTES) as usize;
-            self.file
-                .write_all_at(&zeros[..n], at)
+            self.write_at(&zeros[..n], at)
                 .map_err(|e| LogError::io(&self.path, "extending", e))?;
             at += n as u64;
         }
@@ -334,9 +359,12 @@ impl Segment {
     pub(crate) fn sync(&mut self) -> Result<(), LogError> {
         self.write_out()?;
         if self.dirty {
-            self.file
-                .sync_data()
+            self.halted()
+                .and_then(|()| self.file.sync_data())
                 .map_err(|e| LogError::io(&self.path, "syncing", e))?;
+            if let Some(p) = &self.power {
+                p.synced(&self.path);
+            }
             self.dirty = false;
         }
         Ok(())
@@ -415,8 +443,7 @@ impl Segment {
         let mut at = from;
         while at < to {
             let n = (to - at).min(CHUNK_BYTES) as usize;
-            self.file
-                .write_all_at(&zeros[..n], at)
+            self.write_at(&zeros[..n], at)
                 .map_err(|e| LogError::io(&self.path, op, e))?;
             at += n as u64;
         }
@@ -430,8 +457,7 @@ impl Segment {
         self.extend_to(HEADER_BYTES + RECORD_HEADER_BYTES as u64)?;
         let mut first = header.encode().to_vec();
         first.extend_from_slice(&END);
-        self.file
-            .write_all_at(&first, 0)
+        self.write_at(&first, 0)
             .map_err(|e| LogError::io(&self.path, "starting a segment", e))?;
         self.header = header;
         self.offsets.clear();
@@ -445,13 +471,40 @@ impl Segment {
     /// Makes the segment a free one on disk: its header zeroed and synced,
     /// so that no later scan takes its entries for part of the log.
     pub(crate) fn invalidate(&mut self) -> Result<(), LogError> {
-        self.file
-            .write_all_at(&[0u8; HEADER_BYTES as usize], 0)
+        self.write_at(&[0u8; HEADER_BYTES as usize], 0)
             .map_err(|e| LogError::io(&self.path, "freeing a segment", e))?;
         self.dirty = true;
         self.offsets.clear();
         self.buf.clear();
         self.sync()
+    }
+
+    /// Fails once a crash test's machine has lost power.
+    fn halted(&self) -> std::io::Result<()> {
+        match &self.power {
+            Some(p) if p.is_halted() => Err(std::io::Error::other(
+                "the machine lost power (a crash test)",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Every write to the file goes through here, so a crash test's power
+    /// model sees it.
+    fn write_at(&self, bytes: &[u8], at: u64) -> std::io::Result<()> {
+        self.halted()?;
+        if let Some(p) = &self.power {
+            p.before_write(&self.file, &self.path, at, bytes.len() as u64)?;
+        }
+        self.file.write_all_at(bytes, at)
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.halted()?;
+        if let Some(p) = &self.power {
+            p.before_write(&self.file, &self.path, len, 0)?;
+        }
+        self.file.set_len(len)
     }
 
     /// Where its records end (the next record goes there).

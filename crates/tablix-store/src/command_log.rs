@@ -76,7 +76,7 @@ impl CommandLog {
         let dir = config.log_dir();
         let log_config = |discard_damaged| LogConfig {
             segment_bytes: config.log_segment_bytes,
-            halt: config.log_halt.clone(),
+            power: config.log_power.clone(),
             discard_damaged,
             ..LogConfig::default()
         };
@@ -304,6 +304,9 @@ pub(crate) fn replay(
     if entries.is_empty() {
         return Ok(());
     }
+    // Entries a crashed process wrote but never synced are made durable
+    // before the state holds them.
+    log.sync()?;
     let count = entries.len();
     let limits = config.write_limits();
     let mut fs_run: Vec<Stamped<FsOp>> = Vec::new();

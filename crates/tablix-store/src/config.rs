@@ -64,9 +64,10 @@ pub struct StoreConfig {
     /// Size of a command log segment (`DATA/log/*.seg`), each written
     /// full of zeros a chunk at a time and then recycled.
     pub log_segment_bytes: u64,
-    /// Set by power-loss tests when the machine "dies": nothing more
-    /// reaches the command log's files (see `tablix_log::LogConfig`).
-    pub log_halt: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Crash tests' model of the machine under the command log: halted
+    /// when the machine "dies", then the log's unsynced writes are lost
+    /// (see `tablix_log::PowerModel`).
+    pub log_power: Option<std::sync::Arc<tablix_log::PowerModel>>,
     /// Open a command log damaged in its middle by cutting it before the
     /// damage, losing the entries from there on (`tablix fsck` repairs
     /// so). Without it such a log stops the open, unless the state already
@@ -107,7 +108,7 @@ impl StoreConfig {
             wal_limit: DEFAULT_WAL_LIMIT,
             proc_visibility: None,
             log_segment_bytes: DEFAULT_LOG_SEGMENT_BYTES,
-            log_halt: None,
+            log_power: None,
             discard_damaged_log: false,
             write_probe: crate::WriteProbe::default(),
         }

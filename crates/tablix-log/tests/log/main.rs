@@ -313,6 +313,39 @@ fn a_reset_log_restarts_at_any_index_durably() {
 }
 
 #[test]
+fn a_power_loss_takes_back_every_write_after_the_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let power = std::sync::Arc::new(tablix_log::PowerModel::new());
+    // Segments large enough that no roll (which syncs) happens.
+    let config = LogConfig {
+        power: Some(std::sync::Arc::clone(&power)),
+        ..LogConfig::default()
+    };
+    let (mut log, _) = Log::open(dir.path(), config.clone()).unwrap();
+    for i in 1..=5u64 {
+        log.append(LogId { term: 1, index: i }, &payload(i, 40))
+            .unwrap();
+    }
+    log.sync().unwrap();
+    // Written to the file (past the write-behind buffer), never synced.
+    log.append(LogId { term: 1, index: 6 }, &payload(6, 2 << 20))
+        .unwrap();
+    power.halt();
+    let e = log.sync().unwrap_err();
+    assert!(e.to_string().contains("lost power"), "{e}");
+    drop(log);
+    // Without the loss the written entries would be read back.
+    let seen = Log::inspect(dir.path()).unwrap();
+    assert!(seen.last.unwrap().index > 5, "{seen:?}");
+    power.lose_unsynced().unwrap();
+    let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
+    assert_eq!(log.last(), Some(LogId { term: 1, index: 5 }));
+    for i in 1..=5 {
+        assert_eq!(log.entry(i).unwrap().payload, payload(i, 40));
+    }
+}
+
+#[test]
 fn the_vote_is_replaced_whole_and_damage_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = open(dir.path());
@@ -338,6 +371,8 @@ enum Op {
     /// Drops the log without a sync (a process crash: what was written
     /// survives, what was buffered may not) and opens it again.
     Reopen,
+    /// The machine loses power: every write since the last sync is lost.
+    PowerLoss,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -347,6 +382,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..8).prop_map(Op::Truncate),
         1 => (0u64..30).prop_map(Op::Purge),
         1 => Just(Op::Reopen),
+        1 => Just(Op::PowerLoss),
     ]
 }
 
@@ -359,16 +395,24 @@ proptest! {
     #[test]
     fn the_log_keeps_what_was_synced(ops in proptest::collection::vec(op(), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
-        let mut log = open(dir.path());
+        let with_power = |power: &std::sync::Arc<tablix_log::PowerModel>| {
+            let config = LogConfig {
+                power: Some(std::sync::Arc::clone(power)),
+                ..small()
+            };
+            Log::open(dir.path(), config).expect("open").0
+        };
+        let mut power = std::sync::Arc::new(tablix_log::PowerModel::new());
+        let mut log = with_power(&power);
         // Entries appended (index i at i - 1), terms non-decreasing.
         let mut model: Vec<(u64, usize)> = Vec::new();
         let mut synced = 0u64;
         let mut purged = 0u64;
         let mut term = 1u64;
         for op in ops {
-            match op {
+            match &op {
                 Op::Append(sizes) => {
-                    for len in sizes {
+                    for &len in sizes {
                         let index = log.next_index();
                         prop_assert_eq!(index, model.len() as u64 + 1);
                         term += (len % 7 == 0) as u64;
@@ -381,6 +425,7 @@ proptest! {
                     synced = model.len() as u64;
                 }
                 Op::Truncate(back) => {
+                    let back = *back;
                     let since = (model.len() as u64 + 1).saturating_sub(back).max(purged + 1);
                     if since <= model.len() as u64 {
                         log.truncate(since).unwrap();
@@ -390,21 +435,32 @@ proptest! {
                     }
                 }
                 Op::Purge(upto) => {
-                    let upto = upto.min(synced);
+                    let upto = (*upto).min(synced);
                     if upto > purged {
                         let t = model[upto as usize - 1].0;
                         log.purge(LogId { term: t, index: upto }).unwrap();
                         purged = upto;
                     }
                 }
-                Op::Reopen => {
+                Op::Reopen | Op::PowerLoss => {
                     drop(log);
-                    log = open(dir.path());
+                    if matches!(op, Op::PowerLoss) {
+                        power.halt();
+                        power.lose_unsynced().unwrap();
+                        power = std::sync::Arc::new(tablix_log::PowerModel::new());
+                    }
+                    log = with_power(&power);
                     let last = log.next_index() - 1;
-                    prop_assert!(last >= synced, "synced entry {} lost (log ends at {})", synced, last);
+                    // Purged entries may go; synced ones that were not
+                    // purged may not.
+                    prop_assert!(
+                        last >= synced || synced <= purged,
+                        "synced entry {} lost (log ends at {}, purged to {})", synced, last, purged
+                    );
                     prop_assert!(last <= model.len() as u64);
                     model.truncate(last as usize);
-                    synced = last;
+                    // What a process crash left is written, not synced.
+                    synced = synced.min(last);
                     prop_assert!(log.first_index() <= purged + 1);
                     purged = log.first_index() - 1;
                     term = model.last().map_or(term, |m| m.0);

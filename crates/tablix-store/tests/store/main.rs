@@ -547,14 +547,21 @@ pub(crate) fn recover(data: &std::path::Path) {
 /// [`Fault::freeze`] is the machine dying, for both.
 pub(crate) struct Fault {
     vfs: tablix_vfs::FaultVfs,
-    halt: Arc<std::sync::atomic::AtomicBool>,
+    log: Arc<tablix_log::PowerModel>,
 }
 
 impl Fault {
     /// From now on nothing more reaches the database or the log.
     pub(crate) fn freeze(&self) {
         self.vfs.freeze();
-        self.halt.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.log.halt();
+    }
+
+    /// The machine loses power: the database's files and the log's lose
+    /// every write since their last sync.
+    pub(crate) fn power_loss(&self) -> std::io::Result<()> {
+        self.vfs.power_loss()?;
+        self.log.lose_unsynced()
     }
 }
 
@@ -569,14 +576,14 @@ impl std::ops::Deref for Fault {
 /// first so that callers declare it first: it must outlive the store.
 pub(crate) fn faulty_store(durability: Durability) -> (Fault, tempfile::TempDir, StoreConfig) {
     let vfs = tablix_vfs::FaultVfs::register().unwrap();
-    let halt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let log = Arc::new(tablix_log::PowerModel::new());
     let dir = tempfile::tempdir().unwrap();
     let mut config = StoreConfig::new(dir.path());
     config.vfs = Some(vfs.name().to_string());
     config.durability = durability;
     config.flush_interval = std::time::Duration::from_secs(3600);
-    config.log_halt = Some(Arc::clone(&halt));
-    (Fault { vfs, halt }, dir, config)
+    config.log_power = Some(Arc::clone(&log));
+    (Fault { vfs, log }, dir, config)
 }
 
 /// Opens the store and creates table `p`.
