@@ -2,8 +2,9 @@
 //! checksummed entry, durable before the state applies it.
 //!
 //! The log lives in segment files in one directory. Appends go to the
-//! newest segment; [`Log::sync`] makes them durable with one write and
-//! one fdatasync. A segment is filled to its size, then the next starts;
+//! newest segment; [`Log::sync`] makes them durable with one write
+//! (`RWF_DSYNC` when nothing else is unsynced, else a write and an
+//! fdatasync). A segment is filled to its size, then the next starts;
 //! segments whose entries the state holds durably are purged and
 //! recycled, overwritten in place. The calls mirror what a Raft log store
 //! does (append, sync, read, truncate a conflicting suffix, purge a

@@ -357,6 +357,10 @@ impl Segment {
 
     /// Makes everything written durable (fdatasync).
     pub(crate) fn sync(&mut self) -> Result<(), LogError> {
+        let in_place = self.end() + RECORD_HEADER_BYTES as u64 <= self.len;
+        if !self.dirty && !self.buf.is_empty() && in_place {
+            return self.write_durably();
+        }
         self.write_out()?;
         if self.dirty {
             self.halted()
@@ -367,6 +371,42 @@ impl Segment {
             }
             self.dirty = false;
         }
+        Ok(())
+    }
+
+    /// The records buffered are all the segment holds unsynced, and they
+    /// go over bytes already allocated: one write that is durable when it
+    /// returns (`RWF_DSYNC`, what `tablix bench log` measured as the
+    /// cheapest sync) does what a write and an fdatasync would.
+    fn write_durably(&mut self) -> Result<(), LogError> {
+        let end = self.end();
+        self.buf.extend_from_slice(&END);
+        let r = self.halted().and_then(|()| {
+            if let Some(p) = &self.power {
+                p.before_write(&self.file, &self.path, self.buf_at, self.buf.len() as u64)?;
+            }
+            let slice = [std::io::IoSlice::new(&self.buf)];
+            let n = rustix::io::pwritev2(
+                &self.file,
+                &slice,
+                self.buf_at,
+                rustix::io::ReadWriteFlags::DSYNC,
+            )?;
+            if n < self.buf.len() {
+                // A short write: the rest the usual way.
+                self.file
+                    .write_all_at(&self.buf[n..], self.buf_at + n as u64)?;
+                self.file.sync_data()?;
+            }
+            Ok(())
+        });
+        self.buf.truncate(self.buf.len() - RECORD_HEADER_BYTES);
+        r.map_err(|e| LogError::io(&self.path, "syncing", e))?;
+        if let Some(p) = &self.power {
+            p.synced(&self.path);
+        }
+        self.buf_at = end;
+        self.buf.clear();
         Ok(())
     }
 
