@@ -383,7 +383,7 @@ pub(crate) fn record_applied(conn: &Connection, id: LogId) -> rusqlite::Result<(
 }
 
 /// The last entry the state holds (none for a state no log entry built).
-pub(crate) fn applied(conn: &Connection) -> rusqlite::Result<Option<LogId>> {
+pub fn applied(conn: &Connection) -> rusqlite::Result<Option<LogId>> {
     let get = |key: &str| -> rusqlite::Result<Option<i64>> {
         conn.query_row(
             "SELECT value FROM main.tablix_meta WHERE key = ?1",

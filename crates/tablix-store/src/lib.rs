@@ -52,6 +52,7 @@ pub use budget::{Cancel, Limits};
 pub use command::{
     DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,
 };
+pub use command_log::applied as applied_entry;
 pub use config::{
     DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT,
     DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,

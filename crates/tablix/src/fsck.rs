@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
 use tablix_fs::check::{Options, Report};
 use tablix_fs::{FsOp, FsReply};
 use tablix_store::{Stamp, Store, StoreConfig, StoreError};
@@ -132,18 +132,12 @@ impl LogCheck {
 }
 
 fn check_log(data: &Path, conn: &Connection) -> anyhow::Result<LogCheck> {
-    let dir = data.join("log");
+    let dir = StoreConfig::new(data).log_dir();
     let log = tablix_log::Log::inspect(&dir)
         .map_err(|e| anyhow::anyhow!("reading the command log in {}: {e}", dir.display()))?;
-    let applied: Option<i64> = conn
-        .query_row(
-            "SELECT value FROM tablix_meta WHERE key = 'applied_index'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .context("reading the state's last applied entry")?;
-    let a = applied.unwrap_or(0).max(0) as u64;
+    let a = tablix_store::applied_entry(conn)
+        .context("reading the state's last applied entry")?
+        .map_or(0, |a| a.index);
     let last = log.last.map_or(0, |l| l.index);
     let held = if last >= log.first_index() {
         format!("entries {}..={last}", log.first_index())
@@ -264,7 +258,7 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
     if !log.unrepairable.is_empty() {
         println!(
             "{problems} problems; entries missing from the command log cannot be made up: restore the data directory from a backup, or move {} aside to start from the state as it is",
-            data.join("log").display()
+            StoreConfig::new(&data).log_dir().display()
         );
         return Ok(UNCORRECTED);
     }

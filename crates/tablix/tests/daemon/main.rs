@@ -82,6 +82,25 @@ impl Daemon {
         }
     }
 
+    /// Ends the daemon with SIGKILL: its own at its `TABLIX_KILL_AT`
+    /// point (within 60 s, or the test fails) when it `kills_itself`,
+    /// else the test's after 1.5 s.
+    fn die(&mut self, kills_itself: bool) {
+        if kills_itself {
+            let status = wait_for_exit(&mut self.child, Duration::from_secs(60))
+                .expect("the daemon never reached its TABLIX_KILL_AT point");
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9),
+                "{status}"
+            );
+        } else {
+            std::thread::sleep(Duration::from_millis(1500));
+            self.signal(Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+
     fn signal(&self, sig: Signal) {
         kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
@@ -403,18 +422,7 @@ fn acked_writes_until_death(mut d: Daemon, kills_itself: bool) -> BTreeSet<i64> 
             }
         }));
     }
-    if kills_itself {
-        let status = wait_for_exit(&mut d.child, Duration::from_secs(60))
-            .expect("the daemon never reached its TABLIX_KILL_AT point");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(9),
-            "{status}"
-        );
-    } else {
-        std::thread::sleep(Duration::from_millis(1500));
-        d.signal(Signal::SIGKILL);
-    }
+    d.die(kills_itself);
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
@@ -794,19 +802,7 @@ fn write_until_the_daemon_dies(
         }));
     }
     let mut daemon = daemon;
-    if kills_itself {
-        let status = wait_for_exit(&mut daemon.child, Duration::from_secs(60))
-            .expect("the daemon never reached its TABLIX_KILL_AT point");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(9),
-            "{status}"
-        );
-    } else {
-        std::thread::sleep(Duration::from_millis(1500));
-        daemon.signal(Signal::SIGKILL);
-        let _ = daemon.child.wait();
-    }
+    daemon.die(kills_itself);
     stop.store(true, Ordering::Relaxed);
     for w in writers {
         w.join().unwrap();
