@@ -17,12 +17,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{
-    CommittedLeaderId, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogId, RaftTypeConfig,
-    StorageError, StorageIOError, Vote,
+    ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogId, RaftTypeConfig, StorageError,
+    StorageIOError, Vote,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tablix_log::Log;
+
+use crate::{from_log, to_log};
 
 /// The first byte of an openraft entry's payload: the encoding's version.
 /// (The store's own single-node entries start with 1.)
@@ -54,14 +56,6 @@ fn io_error<C: RaftTypeConfig>(
     }
 }
 
-/// The log's id of openraft's entry `id`.
-fn to_log(term: u64, index: u64) -> tablix_log::LogId {
-    tablix_log::LogId {
-        term,
-        index: index + 1,
-    }
-}
-
 impl<C: RaftTypeConfig> LogStore<C>
 where
     C::Entry: Serialize + DeserializeOwned,
@@ -83,16 +77,8 @@ where
         })
     }
 
-    /// Openraft's id of the log's entry `id`.
-    fn from_log(id: tablix_log::LogId) -> LogId<C::NodeId> {
-        LogId::new(
-            CommittedLeaderId::new(id.term, C::NodeId::default()),
-            id.index - 1,
-        )
-    }
-
     fn decode(entry: &tablix_log::Entry) -> Result<C::Entry, StorageError<C::NodeId>> {
-        let subject = ErrorSubject::Log(Self::from_log(entry.id));
+        let subject = ErrorSubject::Log(from_log(entry.id));
         match entry.payload.split_first() {
             Some((&FORMAT, rest)) => {
                 postcard::from_bytes(rest).map_err(|e| io_error::<C>(subject, ErrorVerb::Read, e))
@@ -156,8 +142,8 @@ where
     async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
         let log = self.lock()?;
         Ok(LogState {
-            last_purged_log_id: log.purged().map(Self::from_log),
-            last_log_id: log.last().map(Self::from_log),
+            last_purged_log_id: log.purged().map(from_log),
+            last_log_id: log.last().map(from_log),
         })
     }
 

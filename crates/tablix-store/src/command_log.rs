@@ -13,9 +13,9 @@ use serde::Serialize;
 use tablix_fs::FsOp;
 use tablix_log::{Log, LogConfig, LogError, LogId, Recovered};
 
-use crate::budget::Limits;
+use crate::apply_log::{self, Appliers, EntryPayload, LogEntry};
 use crate::command::{ReplicatedCommand, SqlCommand, Stamp, Stamped};
-use crate::config::StoreConfig;
+use crate::config::{LogKeeper, StoreConfig};
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::sql_writer::SqlWriter;
@@ -55,7 +55,9 @@ struct StampedRef<'a> {
 }
 
 pub(crate) struct CommandLog {
-    log: Log,
+    /// None when replication keeps the log ([`LogKeeper::Replication`]):
+    /// the store then appends nothing and only tracks what it applied.
+    log: Option<Log>,
     scratch: Vec<u8>,
     /// The last entry a committed transaction applied.
     applied: Option<LogId>,
@@ -73,6 +75,18 @@ impl CommandLog {
         config: &StoreConfig,
         state_applied: Option<LogId>,
     ) -> Result<(CommandLog, Recovered), StoreError> {
+        if config.log_keeper == LogKeeper::Replication {
+            return Ok((
+                CommandLog {
+                    log: None,
+                    scratch: Vec::new(),
+                    applied: state_applied,
+                    stopped: None,
+                    probe: config.write_probe.clone(),
+                },
+                Recovered::default(),
+            ));
+        }
         let dir = config.log_dir();
         let log_config = |discard_damaged| LogConfig {
             segment_bytes: config.log_segment_bytes,
@@ -95,7 +109,7 @@ impl CommandLog {
         };
         Ok((
             CommandLog {
-                log,
+                log: Some(log),
                 scratch: Vec::new(),
                 applied: None,
                 stopped: None,
@@ -160,6 +174,12 @@ impl CommandLog {
         self.applied = Some(id);
     }
 
+    /// The state was replaced (a snapshot installed): it now holds the
+    /// entries up to `id`, which may be before what it held.
+    pub(crate) fn reset_applied(&mut self, id: Option<LogId>) {
+        self.applied = id;
+    }
+
     pub(crate) fn applied(&self) -> Option<LogId> {
         self.applied
     }
@@ -181,11 +201,12 @@ impl CommandLog {
         )
         .map_err(|e| StoreError::Apply(format!("encoding a log entry: {e}")))?;
         self.scratch = encoded;
+        let log = self.log.as_mut().ok_or(StoreError::NotProposer)?;
         let id = LogId {
             term: SINGLE_NODE_TERM,
-            index: self.log.next_index(),
+            index: log.next_index(),
         };
-        self.log.append(id, &self.scratch)?;
+        log.append(id, &self.scratch)?;
         Ok(id)
     }
 
@@ -199,35 +220,59 @@ impl CommandLog {
 
     /// Makes every appended entry durable.
     pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
-        Ok(self.log.sync()?)
+        match &mut self.log {
+            Some(log) => Ok(log.sync()?),
+            None => Ok(()),
+        }
     }
 
     /// Takes back the entries from `since` on, which were appended but not
     /// applied and never acknowledged (their group failed on this node).
     pub(crate) fn unlog(&mut self, since: u64) -> Result<(), StoreError> {
-        Ok(self.log.truncate(since)?)
+        match &mut self.log {
+            Some(log) => Ok(log.truncate(since)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the store keeps this log (else replication does, and the
+    /// store only applies what it is handed).
+    pub(crate) fn is_kept(&self) -> bool {
+        self.log.is_some()
     }
 
     pub(crate) fn next_index(&self) -> u64 {
-        self.log.next_index()
+        match &self.log {
+            Some(log) => log.next_index(),
+            None => self.applied.map_or(1, |a| a.index + 1),
+        }
     }
 
     pub(crate) fn last(&self) -> Option<LogId> {
-        self.log.last()
+        match &self.log {
+            Some(log) => log.last(),
+            None => self.applied,
+        }
     }
 
     pub(crate) fn first_index(&self) -> u64 {
-        self.log.first_index()
+        match &self.log {
+            Some(log) => log.first_index(),
+            None => self.next_index(),
+        }
     }
 
     /// Bytes the log holds.
     pub(crate) fn bytes(&self) -> u64 {
-        self.log.bytes()
+        self.log.as_ref().map_or(0, Log::bytes)
     }
 
     /// Forgets the entries the state holds durably, up to `upto`.
     pub(crate) fn purge(&mut self, upto: LogId) -> Result<(), StoreError> {
-        Ok(self.log.purge(upto)?)
+        match &mut self.log {
+            Some(log) => Ok(log.purge(upto)?),
+            None => Ok(()),
+        }
     }
 
     /// The entries from `from` on, decoded.
@@ -235,8 +280,11 @@ impl CommandLog {
         &self,
         from: u64,
     ) -> Result<Vec<(LogId, Stamped<ReplicatedCommand>)>, StoreError> {
+        let Some(log) = &self.log else {
+            return Ok(Vec::new());
+        };
         let mut out = Vec::new();
-        for e in self.log.entries(from..self.log.next_index())? {
+        for e in log.entries(from..log.next_index())? {
             out.push((e.id, decode(e.id, &e.payload)?));
         }
         Ok(out)
@@ -263,9 +311,6 @@ fn decode(id: LogId, payload: &[u8]) -> Result<Stamped<ReplicatedCommand>, Store
     }
 }
 
-/// Most entries replayed in one transaction.
-const REPLAY_GROUP: usize = 256;
-
 /// Brings the state up to the log at open: applies the entries after the
 /// last one the state holds, in order, in groups of one kind, each group
 /// recording its last entry. A log that ends before the state (its tail
@@ -280,6 +325,10 @@ pub(crate) fn replay(
     let applied = applied(fs.connection())?;
     let a = applied.map_or(0, |a| a.index);
     log.applied = applied;
+    if !log.is_kept() {
+        // Replication re-applies what the state lacks from its own log.
+        return Ok(());
+    }
     if log.first_index() > a + 1 {
         return Err(StoreError::Open(format!(
             "the command log in {} starts at entry {}, but the state holds entries only up to {a}: entries {}..={} are missing, so tablix will not skip them. Keep a copy of the data directory; moving the log directory aside makes tablix start from the state as it is",
@@ -309,60 +358,28 @@ pub(crate) fn replay(
     log.sync()?;
     let count = entries.len();
     let limits = config.write_limits();
-    let mut fs_run: Vec<Stamped<FsOp>> = Vec::new();
-    let mut sql_run: Vec<Stamped<SqlCommand>> = Vec::new();
-    let mut run_first = a + 1;
-    let fail = |e: StoreError, at: u64| {
+    let to = Appliers {
+        fs,
+        sql,
+        limits: &limits,
+        budget: config.max_result_bytes,
+        probe: &config.write_probe,
+    };
+    let entries = entries
+        .into_iter()
+        .map(|(id, c)| LogEntry {
+            id,
+            payload: EntryPayload::Command(c),
+        })
+        .collect();
+    apply_log::apply(&to, entries, |id| log.applied = Some(id)).map_err(|h| {
         StoreError::Open(format!(
-            "applying entry {at} of the command log at start failed: {e}; nothing after entry {} is applied, and the next start tries again",
-            at - 1
+            "applying entry {} of the command log at start failed: {}; nothing after entry {} is applied, and the next start tries again",
+            h.at,
+            h.error,
+            h.at - 1
         ))
-    };
-    let flush_fs = |run: &mut Vec<Stamped<FsOp>>, first: u64| -> Result<(), StoreError> {
-        if run.is_empty() {
-            return Ok(());
-        }
-        let items: Vec<&Stamped<FsOp>> = run.iter().collect();
-        fs.apply_group(&items, first, &config.write_probe)
-            .map_err(|e| fail(e, first))?;
-        run.clear();
-        Ok(())
-    };
-    let flush_sql =
-        |run: &mut Vec<Stamped<SqlCommand>>, mut first: u64| -> Result<(), StoreError> {
-            let mut rest: &[Stamped<SqlCommand>] = run;
-            while !rest.is_empty() {
-                let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
-                    rest.iter().map(|c| (c, &limits)).collect();
-                let done = sql
-                    .apply_group(&items, config.max_result_bytes, first, &config.write_probe)
-                    .map_err(|e| fail(e, first))?
-                    .len()
-                    .max(1);
-                first += done as u64;
-                rest = &rest[done.min(rest.len())..];
-            }
-            run.clear();
-            Ok(())
-        };
-    for (id, entry) in entries {
-        // A run is of one kind: it ends where the kind changes or it is full.
-        let other_kind = match entry.command {
-            ReplicatedCommand::Fs(_) => !sql_run.is_empty(),
-            ReplicatedCommand::Sql(_) => !fs_run.is_empty(),
-        };
-        if other_kind || fs_run.len() + sql_run.len() >= REPLAY_GROUP {
-            flush_fs(&mut fs_run, run_first)?;
-            flush_sql(&mut sql_run, run_first)?;
-            run_first = id.index;
-        }
-        match entry.command {
-            ReplicatedCommand::Fs(op) => fs_run.push(Stamped::new(entry.stamp, op)),
-            ReplicatedCommand::Sql(c) => sql_run.push(Stamped::new(entry.stamp, c)),
-        }
-    }
-    flush_fs(&mut fs_run, run_first)?;
-    flush_sql(&mut sql_run, run_first)?;
+    })?;
     log.applied = log.last();
     tracing::info!(
         "applied {count} entries of the command log that the state lacked (entries {}..={last})",

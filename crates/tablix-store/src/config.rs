@@ -76,6 +76,22 @@ pub struct StoreConfig {
     /// Called at each point of the write path (crash tests stop the
     /// process or the machine there); nothing by default.
     pub write_probe: crate::WriteProbe,
+    /// Who keeps the log of replicated Commands: the store itself, or
+    /// replication, which then hands the store committed entries.
+    pub log_keeper: LogKeeper,
+}
+
+/// Who keeps the log of the store's replicated Commands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogKeeper {
+    /// The store: Commands proposed to it are appended to its own command
+    /// log (`DATA/log`), synced, then applied.
+    #[default]
+    Store,
+    /// Replication (tablix-raft): the store opens no log of its own,
+    /// refuses Commands proposed to it, and applies the committed entries
+    /// handed to [`crate::Store::apply_entries`].
+    Replication,
 }
 
 /// Default of [`StoreConfig::log_segment_bytes`]: 64 MiB.
@@ -111,6 +127,7 @@ impl StoreConfig {
             log_power: None,
             discard_damaged_log: false,
             write_probe: crate::WriteProbe::default(),
+            log_keeper: LogKeeper::Store,
         }
     }
 

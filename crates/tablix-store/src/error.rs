@@ -148,6 +148,12 @@ pub enum StoreError {
     Failed(SqliteFailure),
     #[error("the store is shut down")]
     Closed,
+    /// A Command was proposed to a store whose log replication keeps
+    /// ([`crate::LogKeeper::Replication`]).
+    #[error(
+        "this store applies the entries of a replicated log: Commands are proposed through replication, not to the store"
+    )]
+    NotProposer,
     /// The command log failed (a full disk while extending it, an I/O
     /// error): the Commands of the request were not logged, so not
     /// applied.
@@ -190,6 +196,7 @@ impl StoreError {
             StoreError::PendingLost(f) => StoreError::PendingLost(f.clone()),
             StoreError::Sqlite(e) => StoreError::Failed(SqliteFailure::of(e)),
             StoreError::Closed => StoreError::Closed,
+            StoreError::NotProposer => StoreError::NotProposer,
             StoreError::Log(f) => StoreError::Log(f.clone()),
             StoreError::Stopped { applied, cause } => StoreError::Stopped {
                 applied: *applied,

@@ -9,8 +9,10 @@
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use tablix_fs::{Errno, FsError, FsOp};
+use tablix_log::LogId;
 use tablix_vfs::ClockVfs;
 
+use crate::apply_log::AppliedState;
 use crate::command::{Stamp, Stamped};
 use crate::command_log::{self, CommandLog};
 use crate::config::StoreConfig;
@@ -266,20 +268,30 @@ impl FsWriter {
         group::control(&self.conn, sql).map_err(|e| StoreError::Commit(SqliteFailure::of(&e)))
     }
 
-    /// Applies file-system Commands logged from entry `first` on as one
-    /// group commit, which records the last of them.
+    /// Applies file-system Commands as one group commit, which records
+    /// the log entry of the last one applied: `id_of(n)` is the entry of
+    /// the `n`th (1-based).
     pub(crate) fn apply_group(
         &self,
         items: &[&Stamped<FsOp>],
-        first: u64,
+        id_of: impl Fn(usize) -> LogId,
         probe: &WriteProbe,
     ) -> Result<Vec<Result<FsResult, StoreError>>, StoreError> {
         let items: Vec<(&Stamped<FsOp>, &())> = items.iter().map(|i| (*i, &())).collect();
         group::commit(self, &items, usize::MAX, |conn, n| {
-            command_log::record_applied(conn, CommandLog::id_at(first, n))?;
+            command_log::record_applied(conn, id_of(n))?;
             probe.at(WritePoint::Applied);
             Ok(())
         })
+    }
+
+    /// Replaces the whole state with the snapshot at `path` (see
+    /// `snapshot::install`) and makes it durable before returning: the
+    /// log behind the snapshot may be purged next.
+    pub(crate) fn install(&mut self, path: &std::path::Path) -> Result<AppliedState, StoreError> {
+        let state = crate::snapshot::install(path, &mut self.conn)?;
+        self.sync_wal()?;
+        Ok(state)
     }
 
     /// Writes the WAL to stable storage (async mode's bounded flush),

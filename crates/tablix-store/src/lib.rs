@@ -19,6 +19,7 @@
 //! clock or a random source: the time and random seed a Command needs travel
 //! inside its [`Stamp`].
 
+mod apply_log;
 mod audit;
 mod budget;
 mod command;
@@ -37,6 +38,7 @@ mod read_conn;
 mod readers;
 mod sandbox;
 mod schema;
+mod snapshot;
 mod sql_writer;
 mod sqltext;
 mod stamp;
@@ -48,6 +50,7 @@ mod wal;
 mod write_point;
 mod writer;
 
+pub use apply_log::{AppliedState, EntryPayload, EntryReply, LogEntry};
 pub use budget::{Cancel, Limits};
 pub use command::{
     DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,
@@ -55,7 +58,8 @@ pub use command::{
 pub use command_log::applied as applied_entry;
 pub use config::{
     DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT,
-    DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, StoreConfig,
+    DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, LogKeeper,
+    StoreConfig,
 };
 pub use error::{LogFailure, SqliteFailure, StoreError};
 pub use exec::{Cell, Sink, Stop};
@@ -67,4 +71,5 @@ pub use sandbox::ProcVisibility;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Store, Ticket};
+pub use tablix_log::LogId;
 pub use write_point::{WritePoint, WriteProbe};

@@ -1,9 +1,11 @@
 //! What applying a Command or running a query returns.
 
+use serde::{Deserialize, Serialize};
+
 use crate::command::Value;
 
 /// Rows returned by a statement.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rows {
     pub columns: Vec<String>,
     /// Declared type of each column, lower-cased; for an expression column
@@ -13,7 +15,7 @@ pub struct Rows {
 }
 
 /// The result of one statement.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum StatementResult {
     Executed {
         last_insert_id: i64,
@@ -30,14 +32,14 @@ impl StatementResult {
 }
 
 /// One statement's result and how long it ran (for reporting only).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatementOutcome {
     pub result: StatementResult,
     pub seconds: f64,
 }
 
 /// What applying user SQL (`SqlCommand`) returns.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SqlReply {
     /// One entry per statement that ran; a transaction stops at its first
     /// error.

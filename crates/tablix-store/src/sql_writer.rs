@@ -6,7 +6,7 @@ use rusqlite::Connection;
 
 use crate::budget::Limits;
 use crate::command::{SqlCommand, Stamp, Stamped};
-use crate::command_log::{self, CommandLog};
+use crate::command_log;
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Stop};
 use crate::group;
@@ -15,6 +15,7 @@ use crate::sandbox::UserConn;
 use crate::state_machine::{Grouped, StateMachine};
 use crate::volatile::MemImage;
 use crate::write_point::{WritePoint, WriteProbe};
+use tablix_log::LogId;
 
 pub(crate) struct SqlWriter {
     pub(crate) uc: UserConn,
@@ -26,19 +27,20 @@ impl SqlWriter {
         self.uc.refresh_mem(image)
     }
 
-    /// Applies user SQL Commands logged from entry `first` on as one
-    /// group commit, ending the group early when the results it holds
-    /// would pass `budget` bytes (see [`group::commit`]): returns the
-    /// replies of a prefix, whose last entry the commit records.
+    /// Applies user SQL Commands as one group commit, ending the group
+    /// early when the results it holds would pass `budget` bytes (see
+    /// [`group::commit`]): returns the replies of a prefix, whose last
+    /// entry the commit records (`id_of(n)`: the entry of the `n`th,
+    /// 1-based).
     pub(crate) fn apply_group(
         &self,
         items: &[(&Stamped<SqlCommand>, &Limits)],
         budget: usize,
-        first: u64,
+        id_of: impl Fn(usize) -> LogId,
         probe: &WriteProbe,
     ) -> Result<Vec<Result<Held, StoreError>>, StoreError> {
         group::commit(self, items, budget, |conn, n| {
-            command_log::record_applied(conn, CommandLog::id_at(first, n))?;
+            command_log::record_applied(conn, id_of(n))?;
             probe.at(WritePoint::Applied);
             Ok(())
         })

@@ -17,9 +17,10 @@ use tablix_fs::FsOp;
 use tablix_pipe::PipeOp;
 use tablix_proc::ProcOp;
 
+use crate::apply_log::{AppliedState, EntryReply, LogEntry};
 use crate::command::{DaemonRecord, SqlCommand, Stamp, Stamped, Statement};
 use crate::command_log::{self, CommandLog};
-use crate::config::StoreConfig;
+use crate::config::{LogKeeper, StoreConfig};
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Sink};
 use crate::fs_writer::FsWriter;
@@ -256,6 +257,9 @@ impl Store {
     /// resolves once the group it joined has committed at the configured
     /// durability.
     pub fn submit_sql(&self, stamped: Stamped<SqlCommand>, limits: Limits) -> Ticket<SqlReply> {
+        if let Err(e) = self.proposable() {
+            return Ticket::ready(Err(e));
+        }
         let (reply, rx) = oneshot::channel();
         match self.send(Request::Apply(Proposal::Sql(
             Box::new(stamped),
@@ -277,6 +281,9 @@ impl Store {
     /// ticket resolves once its group has committed at the configured
     /// durability.
     pub fn submit_fs(&self, stamped: Stamped<FsOp>) -> Ticket<FsResult> {
+        if let Err(e) = self.proposable() {
+            return Ticket::ready(Err(e));
+        }
         let (reply, rx) = oneshot::channel();
         match self.send(Request::Apply(Proposal::Fs(Box::new(stamped), reply))) {
             Ok(()) => Ticket { rx },
@@ -288,6 +295,69 @@ impl Store {
     /// and waits for it, whatever the mode.
     pub fn apply_fs(&self, stamp: Stamp, op: FsOp) -> Result<FsResult, StoreError> {
         self.submit_fs(Stamped::new(stamp, op)).wait()
+    }
+
+    /// Refuses Commands proposed to a store whose log replication keeps.
+    fn proposable(&self) -> Result<(), StoreError> {
+        match self.config.log_keeper {
+            LogKeeper::Store => Ok(()),
+            LogKeeper::Replication => Err(StoreError::NotProposer),
+        }
+    }
+
+    /// Applies committed entries of replication's log
+    /// ([`LogKeeper::Replication`]), in log order, on the writer thread,
+    /// each after the last entry the state holds (an entry the state
+    /// holds is refused, never applied twice). Each run of
+    /// entries of one kind commits in one transaction that records its
+    /// last entry (and the last membership among them), so a crash
+    /// leaves the state naming exactly what it holds. The ticket resolves
+    /// with one reply per entry once every entry is committed; a failure
+    /// of the node stops the state machine ([`StoreError::Stopped`]).
+    pub fn apply_entries(&self, entries: Vec<LogEntry>) -> Ticket<Vec<EntryReply>> {
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Entries(entries, reply)) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
+    }
+
+    /// The last entry the state holds and the membership recorded with
+    /// it, as committed.
+    pub fn applied_state(&self) -> Result<AppliedState, StoreError> {
+        let lease = self
+            .fs_readers
+            .acquire(std::time::Duration::from_secs(60))?;
+        readers::in_snapshot(&lease, crate::apply_log::applied_state)?.map_err(Into::into)
+    }
+
+    /// Writes a snapshot of the state to `path` (replacing any file
+    /// there): a consistent copy from one read transaction, taken while
+    /// writes go on, synced. Then makes the state itself durable up to
+    /// at least the copy, so a log purged up to the snapshot never runs
+    /// ahead of the state after a crash. Returns what the copy holds.
+    /// Blocks: async code calls it from a blocking task.
+    pub fn snapshot_to(&self, path: &std::path::Path) -> Result<AppliedState, StoreError> {
+        let state = {
+            let lease = self
+                .fs_readers
+                .acquire(std::time::Duration::from_secs(60))?;
+            crate::snapshot::copy(&lease, path)?
+        };
+        self.flush().wait()?;
+        Ok(state)
+    }
+
+    /// Replaces the whole state with the snapshot at `path` (one that
+    /// [`Store::snapshot_to`] wrote, here or on another node), on the
+    /// writer thread, durably. Only for a store whose log replication
+    /// keeps: the next entry applied must follow the snapshot's.
+    pub fn install_snapshot(&self, path: &std::path::Path) -> Ticket<AppliedState> {
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Install(path.to_path_buf(), reply)) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
     }
 
     /// Records the daemon that owns the data directory (node-local).
@@ -335,6 +405,7 @@ impl Store {
         if self.config.durability == crate::config::Durability::Sync {
             return self.apply_fs(stamp, op);
         }
+        self.proposable()?;
         // The log (the write turn) first, so that waiting for it never
         // holds the connection the mount's reads need.
         let mut log = self.log.lock().map_err(|_| StoreError::Closed)?;

@@ -6,15 +6,17 @@
 //! (`sql_writer.rs`). The thread splits what it gathers into runs of one
 //! kind, in order, and commits each run as one group on its connection.
 
+use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::apply_log::{self, AppliedState, Appliers, EntryPayload, EntryReply, LogEntry};
 use crate::budget::Limits;
-use crate::command::{SqlCommand, Stamped};
-use crate::command_log::CommandLog;
+use crate::command::{ReplicatedCommand, SqlCommand, Stamped};
+use crate::command_log::{CommandLog, failure_of};
 use crate::config::{Durability, StoreConfig};
 use crate::error::StoreError;
 use crate::fs_writer::FsWriter;
@@ -39,7 +41,14 @@ pub(crate) enum Request {
     /// A pending transaction was opened by `Store::apply_fs_now`: commit it
     /// (and sync) within the flush interval.
     Pending,
+    /// Committed entries of replication's log: apply them in order.
+    Entries(Vec<LogEntry>, Answer<Vec<EntryReply>>),
+    /// Replace the whole state with the snapshot at this path.
+    Install(PathBuf, Answer<AppliedState>),
 }
+
+/// Where the writer sends the answer to a request.
+pub(crate) type Answer<T> = oneshot::Sender<Result<T, StoreError>>;
 
 pub(crate) struct Writer {
     pub(crate) fs: Arc<Mutex<FsWriter>>,
@@ -94,6 +103,20 @@ impl Writer {
                             Request::Apply(p) => applies.push(p),
                             Request::Flush(reply) => flushes.push(reply),
                             Request::Pending => pending = true,
+                            Request::Entries(entries, reply) => {
+                                if !applies.is_empty() {
+                                    self.commit_runs(std::mem::take(&mut applies));
+                                }
+                                let _ = reply.send(self.apply_entries(entries));
+                                wrote = true;
+                            }
+                            Request::Install(path, reply) => {
+                                if !applies.is_empty() {
+                                    self.commit_runs(std::mem::take(&mut applies));
+                                }
+                                let _ = reply.send(self.install(&path));
+                                wrote = true;
+                            }
                         }
                         if applies.len() < self.config.max_batch {
                             next = rx.try_recv().ok();
@@ -236,7 +259,7 @@ impl Writer {
                 return Err(e);
             }
             log.at(WritePoint::Synced);
-            let r = fs.apply_group(&items, first, log.probe());
+            let r = fs.apply_group(&items, |n| CommandLog::id_at(first, n), log.probe());
             match &r {
                 Ok(done) => {
                     log.applied_to(CommandLog::id_at(first, done.len()));
@@ -264,24 +287,7 @@ impl Writer {
         if group.is_empty() {
             return;
         }
-        // A fresh image of the memory database when a Command reads it;
-        // outside any transaction.
-        let rules = self.sql.uc.policy.rules();
-        let reads_memory = group.iter().any(|(c, _, _)| {
-            c.command
-                .statements
-                .iter()
-                .any(|s| rules.mentions_memory(&s.sql))
-        });
-        if reads_memory
-            && self.volatile.generation() != self.sql.uc.mem_generation()
-            && let Err(e) = self
-                .volatile
-                .image()
-                .and_then(|img| self.sql.refresh_mem(&img))
-        {
-            tracing::warn!("refreshing the memory database's image for SQL: {e}");
-        }
+        self.refresh_mem_for(group.iter().map(|(c, _, _)| &c.command));
         let mut log = match self.log.lock() {
             Ok(log) => log,
             Err(_) => {
@@ -315,9 +321,12 @@ impl Writer {
         while !rest.is_empty() {
             let items: Vec<(&Stamped<SqlCommand>, &Limits)> =
                 rest.iter().map(|(c, l, _)| (c.as_ref(), l)).collect();
-            let r = self
-                .sql
-                .apply_group(&items, self.config.max_result_bytes, first, log.probe());
+            let r = self.sql.apply_group(
+                &items,
+                self.config.max_result_bytes,
+                |n| CommandLog::id_at(first, n),
+                log.probe(),
+            );
             drop(items);
             let done = match &r {
                 Ok(results) => {
@@ -368,8 +377,114 @@ impl Writer {
         fs.commit_pending(&mut log)?;
         log.running()?;
         log.sync()?;
+        if !log.is_kept() {
+            // Replication's log is durable on its own; what a flush
+            // promises here is the state itself, up to now.
+            fs.sync_wal()?;
+        }
         self.purge_if_due(&mut log, &fs);
         Ok(())
+    }
+
+    /// Applies committed entries of replication's log, in log order, each
+    /// after the last entry the state holds. A failure of the node stops the
+    /// state machine: nothing more is applied until restart, and
+    /// replication applies the rest again from its log then.
+    fn apply_entries(&mut self, entries: Vec<LogEntry>) -> Result<Vec<EntryReply>, StoreError> {
+        let n = entries.len() as u64;
+        let sql = entries.iter().filter_map(|e| match &e.payload {
+            EntryPayload::Command(c) => match &c.command {
+                ReplicatedCommand::Sql(s) => Some(s),
+                ReplicatedCommand::Fs(_) => None,
+            },
+            _ => None,
+        });
+        self.refresh_mem_for(sql);
+        let mut log = self.log()?;
+        if log.is_kept() {
+            return Err(StoreError::Apply(
+                "this store keeps its own command log: entries of another log cannot be applied to it".into(),
+            ));
+        }
+        log.running()?;
+        // Entries come in log order, each after the last applied: an
+        // entry the state holds is never applied again. Which entries are
+        // committed is replication's to say; one it skips is logged.
+        let mut last = log.applied().map_or(0, |a| a.index);
+        for e in &entries {
+            if e.id.index <= last {
+                return Err(StoreError::Apply(format!(
+                    "entry {} was handed to the store after entry {last}: entries are applied once, in order",
+                    e.id.index
+                )));
+            }
+            if e.id.index != last + 1 {
+                tracing::warn!(
+                    "applying entry {} after entry {last}, as replication asks: entries {}..={} are not applied",
+                    e.id.index,
+                    last + 1,
+                    e.id.index - 1
+                );
+            }
+            last = e.id.index;
+        }
+        let fs = self.fs()?;
+        let limits = self.config.write_limits();
+        let probe = log.probe().clone();
+        let to = Appliers {
+            fs: &fs,
+            sql: &self.sql,
+            limits: &limits,
+            budget: self.config.max_result_bytes,
+            probe: &probe,
+        };
+        let r = apply_log::apply(&to, entries, |id| log.applied_to(id));
+        Counters::add(&self.counters.batches, 1);
+        match r {
+            Ok(replies) => {
+                Counters::add(&self.counters.commands, n);
+                Ok(replies)
+            }
+            Err(h) => {
+                Counters::add(&self.counters.failed_commits, 1);
+                tracing::error!("applying entry {} failed: {}", h.at, h.error);
+                Err(log.stop(failure_of(&h.error)))
+            }
+        }
+    }
+
+    /// Replaces the whole state with a snapshot (replication's log keeps
+    /// only what follows it).
+    fn install(&mut self, path: &std::path::Path) -> Result<AppliedState, StoreError> {
+        let mut log = self.log()?;
+        if log.is_kept() {
+            return Err(StoreError::Apply(
+                "this store keeps its own command log: a snapshot would leave it behind the state"
+                    .into(),
+            ));
+        }
+        log.running()?;
+        let mut fs = self.fs()?;
+        let state = fs.install(path)?;
+        log.reset_applied(state.applied);
+        Ok(state)
+    }
+
+    /// Attaches a fresh image of the memory database to user SQL's writer
+    /// when one of `commands` reads it; outside any transaction.
+    fn refresh_mem_for<'a>(&mut self, mut commands: impl Iterator<Item = &'a SqlCommand>) {
+        let rules = self.sql.uc.policy.rules();
+        let reads_memory =
+            commands.any(|c| c.statements.iter().any(|s| rules.mentions_memory(&s.sql)));
+        if reads_memory
+            && self.volatile.generation() != self.sql.uc.mem_generation()
+            && let Err(e) = self
+                .volatile
+                .image()
+                .and_then(|img| self.sql.refresh_mem(&img))
+        {
+            tracing::warn!("refreshing the memory database's image for SQL: {e}");
+        }
     }
 
     /// Checkpoints and truncates the WAL when it outgrew its bound.

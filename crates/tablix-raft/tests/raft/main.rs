@@ -1,146 +1,350 @@
-//! The command log as openraft's log storage, checked by openraft's own
-//! storage test suite, and read back after reopening.
+//! The command log and the store as openraft's storage, checked by
+//! openraft's own storage test suite, and end to end: committed entries
+//! change the store, a snapshot carries the whole state to another node,
+//! and both survive reopening.
 #![allow(clippy::unwrap_used)]
 
-use std::io::Cursor;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
 
 use openraft::storage::{
     RaftLogReader, RaftLogStorage, RaftLogStorageExt, RaftSnapshotBuilder, RaftStateMachine,
 };
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{
-    Entry, EntryPayload, LogId, RaftLogId, Snapshot, SnapshotMeta, StorageError, StoredMembership,
-    Vote,
+    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogId, StorageError,
+    StoredMembership, Vote,
 };
 use tablix_log::{Log, LogConfig};
-use tablix_raft::LogStore;
+use tablix_raft::{LogStore, Node, NodeId, StateMachine, TypeConfig};
+use tablix_store::{
+    EntryReply, LogKeeper, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
+    StatementResult, Store, StoreConfig, StoreError, Value,
+};
 
-openraft::declare_raft_types!(
-    TypeConfig:
-        D = String,
-        R = String,
-        Node = (),
-);
-
-type Nid = u64;
-/// The last applied entry and the membership.
-type Applied = (Option<LogId<Nid>>, StoredMembership<Nid, ()>);
-/// The current snapshot: its meta and bytes.
-type Current = Option<(SnapshotMeta<Nid, ()>, Vec<u8>)>;
-
-/// What the suite checks of a state machine: the last applied entry, the
-/// membership, snapshots of both. (The store's own state machine is the
-/// replication issue's.)
-#[derive(Clone, Default)]
-struct Machine {
-    state: Arc<Mutex<Applied>>,
-    current: Arc<Mutex<Current>>,
+/// A store whose log replication keeps, in `dir/data`.
+fn open_store(dir: &Path) -> Arc<Store> {
+    let mut config = StoreConfig::new(dir.join("data"));
+    config.log_keeper = LogKeeper::Replication;
+    Arc::new(Store::open(config).unwrap())
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for Machine {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<Nid>> {
-        let state = self.state.lock().unwrap().clone();
-        let data = postcard::to_stdvec(&state).unwrap();
-        let meta = SnapshotMeta {
-            last_log_id: state.0,
-            last_membership: state.1,
-            snapshot_id: format!("{:?}", state.0),
-        };
-        *self.current.lock().unwrap() = Some((meta.clone(), data.clone()));
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for Machine {
-    type SnapshotBuilder = Machine;
-
-    async fn applied_state(&mut self) -> Result<Applied, StorageError<Nid>> {
-        Ok(self.state.lock().unwrap().clone())
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<String>, StorageError<Nid>>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
-        I::IntoIter: Send,
-    {
-        let mut state = self.state.lock().unwrap();
-        let mut out = Vec::new();
-        for e in entries {
-            state.0 = Some(*e.get_log_id());
-            if let EntryPayload::Membership(m) = &e.payload {
-                state.1 = StoredMembership::new(Some(*e.get_log_id()), m.clone());
-            }
-            out.push(String::new());
-        }
-        Ok(out)
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Machine {
-        self.clone()
-    }
-
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<Nid>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta<Nid, ()>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError<Nid>> {
-        let data = snapshot.into_inner();
-        *self.state.lock().unwrap() = postcard::from_bytes(&data).unwrap();
-        *self.current.lock().unwrap() = Some((meta.clone(), data));
-        Ok(())
-    }
-
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<Nid>> {
-        Ok(self
-            .current
-            .lock()
-            .unwrap()
-            .clone()
-            .map(|(meta, data)| Snapshot {
-                meta,
-                snapshot: Box::new(Cursor::new(data)),
-            }))
-    }
+fn state_machine(dir: &Path) -> StateMachine {
+    StateMachine::new(open_store(dir), dir.join("snapshots")).unwrap()
 }
 
 struct OnDisk;
 
-impl StoreBuilder<TypeConfig, LogStore<TypeConfig>, Machine, tempfile::TempDir> for OnDisk {
+impl StoreBuilder<TypeConfig, LogStore<TypeConfig>, StateMachine, tempfile::TempDir> for OnDisk {
     async fn build(
         &self,
-    ) -> Result<(tempfile::TempDir, LogStore<TypeConfig>, Machine), StorageError<Nid>> {
+    ) -> Result<(tempfile::TempDir, LogStore<TypeConfig>, StateMachine), StorageError<NodeId>> {
         let dir = tempfile::tempdir().unwrap();
         let small = LogConfig {
             segment_bytes: 4096,
             ..LogConfig::default()
         };
-        let (log, _) = Log::open(dir.path(), small).unwrap();
-        Ok((dir, LogStore::new(log), Machine::default()))
+        let (log, _) = Log::open(&dir.path().join("log"), small).unwrap();
+        let sm = state_machine(dir.path());
+        Ok((dir, LogStore::new(log), sm))
     }
 }
 
 #[test]
-fn openraft_storage_suite_passes_on_the_command_log() {
+fn openraft_storage_suite_passes_on_the_command_log_and_the_store() {
     Suite::test_all(OnDisk).unwrap();
+}
+
+fn id(term: u64, index: u64) -> LogId<NodeId> {
+    LogId::new(CommittedLeaderId::new(term, 0), index)
 }
 
 fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
     Entry {
-        log_id: LogId::new(openraft::CommittedLeaderId::new(term, 0), index),
+        log_id: id(term, index),
         payload: EntryPayload::Blank,
     }
+}
+
+fn members(term: u64, index: u64, voters: &[NodeId]) -> Entry<TypeConfig> {
+    let nodes: BTreeMap<NodeId, Node> = voters
+        .iter()
+        .map(|n| (*n, Node::new(format!("127.0.0.1:{}", 4000 + n))))
+        .collect();
+    let set: BTreeSet<NodeId> = voters.iter().copied().collect();
+    Entry {
+        log_id: id(term, index),
+        payload: EntryPayload::Membership(Membership::new(vec![set], nodes)),
+    }
+}
+
+fn command(term: u64, index: u64, command: ReplicatedCommand) -> Entry<TypeConfig> {
+    Entry {
+        log_id: id(term, index),
+        payload: EntryPayload::Normal(Stamped::new(
+            Stamp {
+                unix_nanos: 1_700_000_000_000_000_000 + index as i64,
+                seed: index,
+            },
+            command,
+        )),
+    }
+}
+
+fn sql(statements: &[&str]) -> ReplicatedCommand {
+    ReplicatedCommand::Sql(SqlCommand {
+        statements: statements.iter().map(|s| Statement::new(*s)).collect(),
+        transaction: false,
+        principal: Principal::root(),
+    })
+}
+
+fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
+    match &store
+        .query(&Principal::root(), &[Statement::new(q)])
+        .unwrap()[0]
+        .result
+    {
+        StatementResult::Rows(r) => r.values.clone(),
+        other => panic!("{q}: {other:?}"),
+    }
+}
+
+/// The contents of file `name` in the root directory of `store`'s file
+/// system.
+fn file(store: &Store, name: &str) -> Vec<u8> {
+    store
+        .read(|c| {
+            let attr = tablix_fs::read::lookup(c, 1, name.as_bytes()).unwrap();
+            tablix_fs::read::read(c, attr.ino, 0, 1 << 20).unwrap()
+        })
+        .unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn committed_entries_change_the_store_and_a_snapshot_carries_all_of_it_to_another_node() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    runtime().block_on(async {
+        let mut a = state_machine(a_dir.path());
+        let replies = a
+            .apply([
+                blank(1, 0),
+                members(1, 1, &[1, 2, 3]),
+                command(
+                    1,
+                    2,
+                    sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]),
+                ),
+                command(
+                    1,
+                    3,
+                    ReplicatedCommand::Fs(tablix_fs::FsOp::MakeNode {
+                        parent: 1,
+                        name: "f".into(),
+                        mode: libc::S_IFREG | 0o644,
+                        rdev: 0,
+                        uid: 0,
+                        gid: 0,
+                    }),
+                ),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(replies.len(), 4, "{replies:?}");
+        assert_eq!(replies[..2], [EntryReply::Recorded, EntryReply::Recorded]);
+        let ino = match &replies[3] {
+            EntryReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
+            other => panic!("making a file answered {other:?}"),
+        };
+        let replies = a
+            .apply([
+                command(
+                    2,
+                    4,
+                    ReplicatedCommand::Fs(tablix_fs::FsOp::Write {
+                        ino,
+                        offset: 0,
+                        data: b"replicated bytes".to_vec(),
+                        kill_suidgid: false,
+                    }),
+                ),
+                // A statement that fails is the Command's result, the
+                // same on every node; the entry is applied all the same.
+                command(
+                    2,
+                    5,
+                    sql(&["INSERT INTO t VALUES (2)", "INSERT INTO nowhere VALUES (1)"]),
+                ),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            replies[0],
+            EntryReply::Fs(Ok(tablix_fs::FsReply::Written(16)))
+        );
+        match &replies[1] {
+            EntryReply::Sql(reply) => assert!(reply.statements[1].result.is_error(), "{reply:?}"),
+            other => panic!("{other:?}"),
+        }
+        let applied = a.applied_state().await.unwrap();
+        assert_eq!(applied.0, Some(id(2, 5)));
+        assert_eq!(applied.1.log_id(), &Some(id(1, 1)));
+        assert_eq!(
+            applied.1.voter_ids().collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "{applied:?}"
+        );
+
+        let built = a
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(built.meta.last_log_id, Some(id(2, 5)));
+        assert_eq!(built.meta.last_membership, applied.1);
+        // Writes go on after the snapshot; it keeps what it held.
+        a.apply([command(2, 6, sql(&["INSERT INTO t VALUES (99)"]))])
+            .await
+            .unwrap();
+
+        // Node B receives the bytes as a follower would, then installs.
+        let mut b = state_machine(b_dir.path());
+        let mut receiving = b.begin_receiving_snapshot().await.unwrap();
+        let mut from = *built.snapshot;
+        tokio::io::copy(&mut from, &mut *receiving).await.unwrap();
+        b.install_snapshot(&built.meta, receiving).await.unwrap();
+        assert_eq!(b.applied_state().await.unwrap(), applied);
+        let current = b.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(
+            rows(b.store(), "SELECT x FROM t ORDER BY x"),
+            vec![vec![Value::Integer(1)], vec![Value::Integer(2)]]
+        );
+        assert_eq!(file(b.store(), "f"), b"replicated bytes");
+
+        // B goes on from the snapshot's last entry, and never applies an
+        // entry twice.
+        b.apply([command(2, 6, sql(&["INSERT INTO t VALUES (3)"]))])
+            .await
+            .unwrap();
+        assert_eq!(
+            rows(b.store(), "SELECT count(*) FROM t"),
+            vec![vec![Value::Integer(3)]]
+        );
+        let again = b
+            .apply([command(2, 5, sql(&["INSERT INTO t VALUES (4)"]))])
+            .await;
+        assert!(again.is_err(), "an entry was applied twice: {again:?}");
+        assert_eq!(
+            rows(b.store(), "SELECT count(*) FROM t"),
+            vec![vec![Value::Integer(3)]]
+        );
+        assert_eq!(b.applied_state().await.unwrap().0, Some(id(2, 6)));
+    });
+}
+
+#[test]
+fn a_replicated_store_refuses_proposals_and_keeps_what_it_applied_across_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let mut sm = state_machine(dir.path());
+        let refused = sm
+            .store()
+            .submit_sql(
+                Stamped::new(
+                    Stamp {
+                        unix_nanos: 0,
+                        seed: 0,
+                    },
+                    SqlCommand {
+                        statements: vec![Statement::new("CREATE TABLE t(x)")],
+                        transaction: false,
+                        principal: Principal::root(),
+                    },
+                ),
+                sm.store().config().write_limits(),
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::NotProposer)),
+            "{refused:?}"
+        );
+        sm.apply([
+            members(1, 0, &[7]),
+            command(
+                1,
+                1,
+                sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]),
+            ),
+        ])
+        .await
+        .unwrap();
+        let before = sm.applied_state().await.unwrap();
+        assert_eq!(before.0, Some(id(1, 1)));
+        let store = Arc::clone(sm.store());
+        drop(sm);
+        store.close().unwrap();
+        drop(store);
+        let mut sm = state_machine(dir.path());
+        assert_eq!(sm.applied_state().await.unwrap(), before);
+        assert_eq!(
+            rows(sm.store(), "SELECT x FROM t"),
+            vec![vec![Value::Integer(1)]]
+        );
+        // Nothing is applied twice: the next entry must follow.
+        assert!(
+            sm.apply([command(1, 1, sql(&["INSERT INTO t VALUES (1)"]))])
+                .await
+                .is_err()
+        );
+        assert_eq!(
+            rows(sm.store(), "SELECT x FROM t"),
+            vec![vec![Value::Integer(1)]]
+        );
+    });
+}
+
+#[test]
+fn a_snapshot_that_is_not_a_tablix_database_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let mut sm = state_machine(dir.path());
+        sm.apply([command(
+            1,
+            0,
+            sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]),
+        )])
+        .await
+        .unwrap();
+        let before = sm.applied_state().await.unwrap();
+        let mut receiving = sm.begin_receiving_snapshot().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut *receiving, b"not a database at all")
+            .await
+            .unwrap();
+        let meta = openraft::SnapshotMeta {
+            last_log_id: Some(id(5, 50)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "bogus".into(),
+        };
+        let e = sm.install_snapshot(&meta, receiving).await.unwrap_err();
+        assert!(e.to_string().contains("snapshot"), "{e}");
+        assert_eq!(sm.applied_state().await.unwrap(), before);
+        assert_eq!(
+            rows(sm.store(), "SELECT x FROM t"),
+            vec![vec![Value::Integer(1)]]
+        );
+        assert!(sm.get_current_snapshot().await.unwrap().is_none());
+    });
 }
 
 #[test]
@@ -155,10 +359,7 @@ fn entries_and_the_vote_read_back_after_reopening() {
         let entries: Vec<_> = (0..50).map(|i| blank(1 + i / 20, i)).collect();
         store.blocking_append(entries.clone()).await.unwrap();
         store.save_vote(&Vote::new(3, 7)).await.unwrap();
-        store
-            .purge(LogId::new(openraft::CommittedLeaderId::new(1, 0), 9))
-            .await
-            .unwrap();
+        store.purge(id(1, 9)).await.unwrap();
         drop(store);
         let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
         let mut store = LogStore::<TypeConfig>::new(log);
