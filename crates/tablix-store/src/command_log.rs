@@ -34,8 +34,68 @@ pub(crate) fn failure_of(e: &StoreError) -> SqliteFailure {
     }
 }
 
-/// The first byte of every entry's payload: the encoding's version.
+/// The first byte of an entry's payload: the encoding's version. 1: the
+/// postcard of a `Stamped<ReplicatedCommand>`.
 const FORMAT: u8 = 1;
+
+/// Format 3: the same postcard, compressed (LZ4 block, behind its length
+/// as a little-endian u32). (Format 2 is openraft's entries, tablix-raft.)
+const FORMAT_LZ4: u8 = 3;
+
+/// Entries from this size on are compressed when that pays: a file's
+/// write is logged, and also written to the WAL and then the database,
+/// so on a disk-bound write every byte the log saves is a third of the
+/// traffic (measured with Bonnie++, whose blocks are mostly zeros).
+const COMPRESS_FROM: usize = 4096;
+
+/// What a compressed entry must save of its size to be kept compressed
+/// (eighths): a first sample of this many bytes that does not shrink
+/// that much stops the attempt on incompressible data early.
+const KEEP_EIGHTHS: usize = 7;
+const SAMPLE: usize = 4096;
+
+/// Compresses `body` behind [`FORMAT_LZ4`] into `out` when that saves at
+/// least an eighth of it; false (and `out` unspecified) otherwise.
+fn compress(body: &[u8], out: &mut Vec<u8>) -> bool {
+    if body.len() < COMPRESS_FROM || body.len() > u32::MAX as usize {
+        return false;
+    }
+    let sample = &body[..SAMPLE.min(body.len())];
+    out.clear();
+    out.resize(lz4_flex::block::get_maximum_output_size(sample.len()), 0);
+    match lz4_flex::block::compress_into(sample, out) {
+        Ok(n) if n <= sample.len() / 8 * KEEP_EIGHTHS => {}
+        _ => return false,
+    }
+    out.clear();
+    out.push(FORMAT_LZ4);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.resize(5 + lz4_flex::block::get_maximum_output_size(body.len()), 0);
+    match lz4_flex::block::compress_into(body, &mut out[5..]) {
+        Ok(n) if n <= body.len() / 8 * KEEP_EIGHTHS => {
+            out.truncate(5 + n);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The postcard bytes of a [`FORMAT_LZ4`] entry's body (after the format
+/// byte). The length it claims is bounded by LZ4's greatest ratio, so a
+/// damaged entry never asks for more memory than its size allows.
+fn decompress(body: &[u8]) -> Result<Vec<u8>, String> {
+    let (len, packed) = body
+        .split_first_chunk::<4>()
+        .ok_or("its compressed body has no length")?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if len > packed.len().saturating_mul(255).saturating_add(16) {
+        return Err(format!(
+            "it claims {len} bytes from {} compressed",
+            packed.len()
+        ));
+    }
+    lz4_flex::block::decompress(packed, len).map_err(|e| e.to_string())
+}
 
 /// The term of a single node's entries (replication brings elections).
 pub(crate) const SINGLE_NODE_TERM: u64 = 1;
@@ -59,6 +119,8 @@ pub(crate) struct CommandLog {
     /// the store then appends nothing and only tracks what it applied.
     log: Option<Log>,
     scratch: Vec<u8>,
+    /// A compressed entry, built beside `scratch`.
+    packed: Vec<u8>,
     /// The last entry a committed transaction applied.
     applied: Option<LogId>,
     /// Set once the state machine stopped: why, typed.
@@ -80,6 +142,7 @@ impl CommandLog {
                 CommandLog {
                     log: None,
                     scratch: Vec::new(),
+                    packed: Vec::new(),
                     applied: state_applied,
                     stopped: None,
                     probe: config.write_probe.clone(),
@@ -111,6 +174,7 @@ impl CommandLog {
             CommandLog {
                 log: Some(log),
                 scratch: Vec::new(),
+                packed: Vec::new(),
                 applied: None,
                 stopped: None,
                 probe: config.write_probe.clone(),
@@ -206,7 +270,12 @@ impl CommandLog {
             term: SINGLE_NODE_TERM,
             index: log.next_index(),
         };
-        log.append(id, &self.scratch)?;
+        let payload = if compress(&self.scratch[1..], &mut self.packed) {
+            &self.packed
+        } else {
+            &self.scratch
+        };
+        log.append(id, payload)?;
         Ok(id)
     }
 
@@ -303,6 +372,11 @@ fn decode(id: LogId, payload: &[u8]) -> Result<Stamped<ReplicatedCommand>, Store
     match payload.split_first() {
         Some((&FORMAT, rest)) => {
             postcard::from_bytes(rest).map_err(|e| bad(format!("its Command does not decode: {e}")))
+        }
+        Some((&FORMAT_LZ4, rest)) => {
+            let plain = decompress(rest).map_err(|e| bad(format!("it does not decompress: {e}")))?;
+            postcard::from_bytes(&plain)
+                .map_err(|e| bad(format!("its Command does not decode: {e}")))
         }
         Some((v, _)) => Err(bad(format!(
             "it is written in format {v}, which this build does not know"
@@ -464,5 +538,65 @@ mod tests {
             read[1].1,
             Stamped::new(stamp, ReplicatedCommand::Sql(sql.command))
         );
+    }
+
+    fn write_of(data: Vec<u8>) -> Stamped<FsOp> {
+        Stamped::new(
+            Stamp {
+                unix_nanos: 1,
+                seed: 2,
+            },
+            FsOp::Write {
+                ino: 9,
+                offset: 4096,
+                data,
+                kill_suidgid: false,
+            },
+        )
+    }
+
+    #[test]
+    fn large_compressible_entries_are_compressed_and_others_kept_plain() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = StoreConfig::new(dir.path());
+        let (mut log, _) = CommandLog::open(&config, None).unwrap();
+        // Bonnie++'s kind of block: a few ones, then zeros.
+        let mut zeros = vec![0u8; 128 << 10];
+        zeros[..7].fill(1);
+        // Incompressible: xorshift bytes.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..128 << 10)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let small = vec![0u8; 100];
+        let written = [write_of(zeros), write_of(noise), write_of(small)];
+        for w in &written {
+            log.append_fs(w).unwrap();
+        }
+        let raw = log.log.as_ref().unwrap();
+        let formats: Vec<u8> = (1..=3).map(|i| raw.entry(i).unwrap().payload[0]).collect();
+        assert_eq!(formats, [FORMAT_LZ4, FORMAT, FORMAT]);
+        assert!(raw.entry(1).unwrap().payload.len() < 4096);
+        let read = log.read_from(1).unwrap();
+        for (w, (_, r)) in written.iter().zip(read) {
+            assert_eq!(
+                r,
+                Stamped::new(w.stamp, ReplicatedCommand::Fs(w.command.clone()))
+            );
+        }
+    }
+
+    #[test]
+    fn a_compressed_entry_claiming_more_than_lz4_can_hold_is_refused() {
+        let mut body = u32::MAX.to_le_bytes().to_vec();
+        body.extend_from_slice(&[0x10, 0, 0]);
+        let e = decompress(&body).unwrap_err();
+        assert!(e.contains("claims"), "{e}");
+        assert!(decompress(&[1, 2]).is_err());
     }
 }
