@@ -374,7 +374,8 @@ fn decode(id: LogId, payload: &[u8]) -> Result<Stamped<ReplicatedCommand>, Store
             postcard::from_bytes(rest).map_err(|e| bad(format!("its Command does not decode: {e}")))
         }
         Some((&FORMAT_LZ4, rest)) => {
-            let plain = decompress(rest).map_err(|e| bad(format!("it does not decompress: {e}")))?;
+            let plain =
+                decompress(rest).map_err(|e| bad(format!("it does not decompress: {e}")))?;
             postcard::from_bytes(&plain)
                 .map_err(|e| bad(format!("its Command does not decode: {e}")))
         }

@@ -4,6 +4,8 @@
 //! and both survive reopening.
 #![allow(clippy::unwrap_used)]
 
+mod cluster;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
