@@ -3,6 +3,7 @@
 
 mod bounds;
 mod fs_faults;
+mod replicated;
 mod sandbox;
 
 use std::sync::Arc;
