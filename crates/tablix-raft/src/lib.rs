@@ -15,10 +15,12 @@
 //! Architecture invariant: this is the only crate that knows openraft.
 
 mod log_store;
+mod single;
 mod state_machine;
 mod types;
 
 pub use log_store::LogStore;
+pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
 pub use types::{Node, NodeId, TypeConfig};
 

@@ -280,6 +280,10 @@ pub enum BenchWhich {
     /// transaction, in its own SQLite file or in an append-only file,
     /// against the state's commit alone.
     Log(LogBenchArgs),
+    /// The write path as a cluster of one under openraft against the
+    /// store's own command log, in one process: single-row inserts from
+    /// concurrent clients.
+    Raft(RaftBenchArgs),
     /// The page cache: a speed suite after SQLite's speedtest1 and hit
     /// ratios under several access patterns, each policy against SQLite's
     /// built-in cache.
@@ -388,6 +392,22 @@ pub struct LogBenchArgs {
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
     pub batches: Vec<usize>,
     /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct RaftBenchArgs {
+    /// Scratch directory on the disk to measure [default: ./target/bench/raft]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Concurrent clients, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 16])]
+    pub clients: Vec<usize>,
+    /// Rounds, alternating which path runs first; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,
 }

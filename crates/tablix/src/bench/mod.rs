@@ -10,6 +10,7 @@ mod insert;
 mod log;
 mod pcache;
 mod pipe;
+mod raft;
 mod speed;
 mod transport;
 
@@ -21,6 +22,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchWhich::Insert(a) => insert::run(a),
         BenchWhich::Log(a) => log::run(a),
+        BenchWhich::Raft(a) => raft::run(a),
         BenchWhich::Fs(a) => fs::run(a),
         BenchWhich::Pipe(a) => pipe::run(a),
         BenchWhich::Hostile(a) => hostile::run(a),
