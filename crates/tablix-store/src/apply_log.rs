@@ -183,16 +183,21 @@ fn commit_run(
     };
     match run {
         Run::Fs(items) => {
-            let refs: Vec<&Stamped<FsOp>> = items.iter().collect();
-            let results = to
-                .fs
-                .apply_group(&refs, |n| ids[n - 1], to.probe)
-                .map_err(|e| halted(0, e))?;
-            applied_to(ids[results.len() - 1]);
-            replies.extend(results.into_iter().map(|r| match r {
-                Ok(r) => EntryReply::Fs(r),
-                Err(e) => EntryReply::Failed(e.to_string()),
-            }));
+            let mut done = 0;
+            while done < items.len() {
+                let group: Vec<&Stamped<FsOp>> = items[done..].iter().collect();
+                let base = done;
+                let results = to
+                    .fs
+                    .apply_group(&group, |n| ids[base + n - 1], to.probe)
+                    .map_err(|e| halted(done, e))?;
+                done = progress(done, results.len()).map_err(|e| halted(done, e))?;
+                applied_to(ids[done - 1]);
+                replies.extend(results.into_iter().map(|r| match r {
+                    Ok(r) => EntryReply::Fs(r),
+                    Err(e) => EntryReply::Failed(e.to_string()),
+                }));
+            }
         }
         Run::Sql(items) => {
             let mut done = 0;
@@ -204,9 +209,7 @@ fn commit_run(
                     .sql
                     .apply_group(&group, to.budget, |n| ids[base + n - 1], to.probe)
                     .map_err(|e| halted(done, e))?;
-                // A group always makes progress (`group::commit`).
-                let n = results.len().max(1);
-                done += n;
+                done = progress(done, results.len()).map_err(|e| halted(done, e))?;
                 applied_to(ids[done - 1]);
                 replies.extend(results.into_iter().map(|r| match r {
                     Ok(held) => EntryReply::Sql(held.reply),
@@ -222,6 +225,18 @@ fn commit_run(
         }
     }
     Ok(())
+}
+
+/// Where a run stands after a group of `applied` more entries: a group
+/// always applies at least one (`group::commit`), or the run would never
+/// end.
+fn progress(done: usize, applied: usize) -> Result<usize, StoreError> {
+    if applied == 0 {
+        return Err(StoreError::Apply(
+            "a group commit applied none of its entries".into(),
+        ));
+    }
+    Ok(done + applied)
 }
 
 /// Records, in a transaction of its own, that the state holds every entry

@@ -18,7 +18,7 @@ use crate::budget::Limits;
 use crate::command::{ReplicatedCommand, SqlCommand, Stamped};
 use crate::command_log::{CommandLog, failure_of};
 use crate::config::{Durability, StoreConfig};
-use crate::error::StoreError;
+use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::sql_writer::{Held, SqlWriter};
 use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem};
@@ -465,9 +465,23 @@ impl Writer {
         }
         log.running()?;
         let mut fs = self.fs()?;
-        let state = fs.install(path)?;
-        log.reset_applied(state.applied);
-        Ok(state)
+        match fs.install(path) {
+            Ok(state) => {
+                log.reset_applied(state.applied);
+                Ok(state)
+            }
+            Err(e) => {
+                // Refused before the copy, or failed after it (migrating,
+                // syncing): the last applied entry is what the state says.
+                match crate::command_log::applied(fs.connection()) {
+                    Ok(applied) => log.reset_applied(applied),
+                    Err(read) => {
+                        log.stop(SqliteFailure::of(&read));
+                    }
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Attaches a fresh image of the memory database to user SQL's writer
