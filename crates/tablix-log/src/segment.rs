@@ -480,6 +480,9 @@ impl Segment {
     fn zero_range(&mut self, from: u64, to: u64, op: &'static str) -> Result<(), LogError> {
         let zeros = vec![0u8; CHUNK_BYTES as usize];
         let to = to.min(self.len).max(from + RECORD_HEADER_BYTES as u64);
+        // The zeroed record header may end past the tracked length: the
+        // file is extended first, so its length stays the tracked one.
+        self.extend_to(to)?;
         let mut at = from;
         while at < to {
             let n = (to - at).min(CHUNK_BYTES) as usize;
