@@ -325,10 +325,8 @@ impl Store {
     /// The last entry the state holds and the membership recorded with
     /// it, as committed.
     pub fn applied_state(&self) -> Result<AppliedState, StoreError> {
-        let lease = self
-            .fs_readers
-            .acquire(std::time::Duration::from_secs(60))?;
-        readers::in_snapshot(&lease, crate::apply_log::applied_state)?.map_err(Into::into)
+        self.read(|c| crate::apply_log::applied_state(c))?
+            .map_err(Into::into)
     }
 
     /// Writes a snapshot of the state to `path` (replacing any file

@@ -21,7 +21,7 @@ use tablix_log::{Log, LogConfig};
 use tablix_raft::{LogStore, Node, NodeId, StateMachine, TypeConfig};
 use tablix_store::{EntryReply, ReplicatedCommand, Stamp, Stamped, Store, Value};
 
-use super::{file, rows, sql, state_machine};
+use super::{file, make_file, rows, sql, state_machine};
 
 type Nodes = Arc<Mutex<BTreeMap<NodeId, Raft<TypeConfig>>>>;
 
@@ -204,20 +204,7 @@ fn a_three_node_cluster_replicates_sql_and_files_and_a_snapshot_brings_a_new_nod
             "{:?}",
             created.data
         );
-        let made = raft
-            .client_write(stamped(
-                2,
-                ReplicatedCommand::Fs(tablix_fs::FsOp::MakeNode {
-                    parent: 1,
-                    name: "f".into(),
-                    mode: libc::S_IFREG | 0o644,
-                    rdev: 0,
-                    uid: 0,
-                    gid: 0,
-                }),
-            ))
-            .await
-            .unwrap();
+        let made = raft.client_write(stamped(2, make_file("f"))).await.unwrap();
         let ino = match made.data {
             EntryReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
             other => panic!("{other:?}"),

@@ -102,6 +102,29 @@ fn sql(statements: &[&str]) -> ReplicatedCommand {
     })
 }
 
+/// Makes regular file `name` in the root directory, owned by root.
+fn make_file(name: &str) -> ReplicatedCommand {
+    ReplicatedCommand::Fs(tablix_fs::FsOp::MakeNode {
+        parent: 1,
+        name: name.into(),
+        mode: libc::S_IFREG | 0o644,
+        rdev: 0,
+        uid: 0,
+        gid: 0,
+    })
+}
+
+/// A cluster of one in `dir`, applying to `store`.
+async fn single_node(dir: &Path, store: &Arc<Store>) -> tablix_raft::SingleNode {
+    tablix_raft::SingleNode::start(
+        &dir.join("raft-log"),
+        &dir.join("snapshots"),
+        Arc::clone(store),
+    )
+    .await
+    .unwrap()
+}
+
 fn rows(store: &Store, q: &str) -> Vec<Vec<Value>> {
     match &store
         .query(&Principal::root(), &[Statement::new(q)])
@@ -146,18 +169,7 @@ fn committed_entries_change_the_store_and_a_snapshot_carries_all_of_it_to_anothe
                     2,
                     sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]),
                 ),
-                command(
-                    1,
-                    3,
-                    ReplicatedCommand::Fs(tablix_fs::FsOp::MakeNode {
-                        parent: 1,
-                        name: "f".into(),
-                        mode: libc::S_IFREG | 0o644,
-                        rdev: 0,
-                        uid: 0,
-                        gid: 0,
-                    }),
-                ),
+                command(1, 3, make_file("f")),
             ])
             .await
             .unwrap();
@@ -381,13 +393,7 @@ fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {
         let store = open_store(dir.path());
-        let node = tablix_raft::SingleNode::start(
-            &dir.path().join("raft-log"),
-            &dir.path().join("snapshots"),
-            Arc::clone(&store),
-        )
-        .await
-        .unwrap();
+        let node = single_node(dir.path(), &store).await;
         let stamp = Stamp {
             unix_nanos: 1,
             seed: 1,
@@ -406,13 +412,7 @@ fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
         drop(store);
 
         let store = open_store(dir.path());
-        let node = tablix_raft::SingleNode::start(
-            &dir.path().join("raft-log"),
-            &dir.path().join("snapshots"),
-            Arc::clone(&store),
-        )
-        .await
-        .unwrap();
+        let node = single_node(dir.path(), &store).await;
         // Nothing applied twice at the restart, and the stamp's random()
         // stayed what it was.
         assert_eq!(rows(&store, "SELECT x FROM t"), before);

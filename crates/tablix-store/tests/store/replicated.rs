@@ -45,6 +45,13 @@ fn create_entry(index: u64) -> LogEntry {
     )
 }
 
+/// Opens the replicated store at `data` again, after the machine died.
+fn reopen(data: &std::path::Path) -> Store {
+    let mut config = tablix_store::StoreConfig::new(data);
+    config.log_keeper = LogKeeper::Replication;
+    Store::open(config).unwrap()
+}
+
 /// The values in `p`, in order.
 fn values(store: &Store) -> Vec<i64> {
     let out = store
@@ -92,9 +99,7 @@ fn after_a_power_loss_the_state_names_exactly_the_entries_it_holds_and_no_fewer_
         drop(store);
         fault.power_loss().unwrap();
 
-        let mut config = tablix_store::StoreConfig::new(dir.path());
-        config.log_keeper = LogKeeper::Replication;
-        let store = Store::open(config).unwrap();
+        let store = reopen(dir.path());
         let applied = store.applied_state().unwrap().applied.unwrap();
         assert!(
             applied.index >= at_snapshot.index,
@@ -136,9 +141,7 @@ fn an_installed_snapshot_survives_a_power_loss_and_entries_continue_after_it() {
     fault.freeze();
     drop(store);
     fault.power_loss().unwrap();
-    let mut config = tablix_store::StoreConfig::new(dir.path());
-    config.log_keeper = LogKeeper::Replication;
-    let store = Store::open(config).unwrap();
+    let store = reopen(dir.path());
     assert_eq!(
         store.applied_state().unwrap().applied,
         Some(LogId { term: 1, index: 10 })
