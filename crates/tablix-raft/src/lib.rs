@@ -15,14 +15,16 @@
 //! Architecture invariant: this is the only crate that knows openraft.
 
 mod log_store;
+mod proposer;
 mod single;
 mod state_machine;
 mod types;
 
 pub use log_store::LogStore;
+pub use proposer::{ProposeError, Proposer, ProposerConfig};
 pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
-pub use types::{Node, NodeId, TypeConfig};
+pub use types::{Batch, Node, NodeId, TypeConfig};
 
 /// The log's id of openraft's entry `index` of `term`.
 pub(crate) fn to_log(term: u64, index: u64) -> tablix_log::LogId {

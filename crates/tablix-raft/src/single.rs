@@ -20,10 +20,10 @@ use openraft::raft::{
 };
 use openraft::{Config, Raft};
 use tablix_log::{Log, LogConfig};
-use tablix_store::{EntryReply, ReplicatedCommand, Stamped, Store};
+use tablix_store::{CommandReply, ReplicatedCommand, Stamped, Store};
 
 use crate::types::{Node, NodeId, TypeConfig};
-use crate::{LogStore, StateMachine};
+use crate::{LogStore, ProposeError, Proposer, ProposerConfig, StateMachine};
 
 /// Why a cluster of one failed to start or to apply a Command.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +92,7 @@ const ID: NodeId = 1;
 /// `LogKeeper::Replication`.
 pub struct SingleNode {
     raft: Raft<TypeConfig>,
+    proposer: Proposer,
 }
 
 impl SingleNode {
@@ -133,20 +134,17 @@ impl SingleNode {
             .current_leader(ID, "this node leads its cluster of one")
             .await
             .map_err(|e| SingleNodeError::Raft(e.to_string()))?;
-        Ok(SingleNode { raft })
+        let proposer = Proposer::new(raft.clone(), ProposerConfig::default());
+        Ok(SingleNode { raft, proposer })
     }
 
-    /// Proposes a Command: answered once it is logged, committed and
-    /// applied.
+    /// Proposes a Command: answered once the entry carrying it (with the
+    /// Commands proposed beside it) is logged, committed and applied.
     pub async fn propose(
         &self,
         command: Stamped<ReplicatedCommand>,
-    ) -> Result<EntryReply, SingleNodeError> {
-        self.raft
-            .client_write(command)
-            .await
-            .map(|r| r.data)
-            .map_err(|e| SingleNodeError::Raft(e.to_string()))
+    ) -> Result<CommandReply, ProposeError> {
+        self.proposer.propose(command).await
     }
 
     /// Stops openraft (the store stays open: its owner closes it).

@@ -220,7 +220,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let id = *entry.get_log_id();
             let payload = match entry.payload {
                 EntryPayload::Blank => tablix_store::EntryPayload::Blank,
-                EntryPayload::Normal(command) => tablix_store::EntryPayload::Command(command),
+                EntryPayload::Normal(batch) => tablix_store::EntryPayload::Commands(batch),
                 EntryPayload::Membership(m) => {
                     let stored = Membership::new(Some(id), m);
                     tablix_store::EntryPayload::Membership(

@@ -41,20 +41,33 @@ pub enum EntryPayload {
     /// the store keeps the last one beside the last applied entry, in the
     /// same transaction, and never reads it.
     Membership(Vec<u8>),
-    /// A replicated Command.
-    Command(Stamped<ReplicatedCommand>),
+    /// Replicated Commands, applied in order: a proposer batches the
+    /// Commands of concurrent clients into one entry, so one append and
+    /// one fsync serve them all. An entry of none is recorded as a blank.
+    Commands(Vec<Stamped<ReplicatedCommand>>),
 }
 
 /// What applying one entry answered.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum EntryReply {
-    /// A blank or membership entry was recorded.
+    /// A blank or membership entry (or one of no Commands) was recorded.
     Recorded,
+    /// One reply per Command of the entry, in its order.
+    Commands(Vec<CommandReply>),
+}
+
+/// What applying one Command of an entry answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CommandReply {
     Sql(SqlReply),
     Fs(FsResult),
     /// The Command failed without changing anything, for a reason of its
     /// own (not a failure of the node, which stops the whole application).
     Failed(String),
+    /// The state held this Command before the entry was handed over (it
+    /// had applied part of the entry when the node stopped): it is not
+    /// applied again, and its reply went with the node that stopped.
+    AppliedBefore,
 }
 
 /// The last entry the state holds and the last membership recorded with
@@ -89,14 +102,109 @@ fn record_membership(conn: &Connection, membership: &[u8]) -> rusqlite::Result<(
     Ok(())
 }
 
-/// Most entries applied in one transaction.
+/// How far into the entry after the last applied one the state is: a
+/// group commit may end inside an entry of several Commands, and a crash
+/// there must neither apply its first Commands again nor skip the rest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Within {
+    /// The entry's index.
+    index: u64,
+    /// How many of its Commands the state holds.
+    count: u64,
+}
+
+/// Records `within` (or that no entry is partly applied) in the open
+/// transaction.
+fn record_within(conn: &Connection, within: Option<Within>) -> rusqlite::Result<()> {
+    match within {
+        Some(w) => conn
+            .prepare_cached(
+                "INSERT INTO main.tablix_meta(key, value)
+                 VALUES ('within_index', ?1), ('within_count', ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )?
+            .execute([w.index as i64, w.count as i64])?,
+        None => conn
+            .prepare_cached(
+                "DELETE FROM main.tablix_meta WHERE key IN ('within_index', 'within_count')",
+            )?
+            .execute([])?,
+    };
+    Ok(())
+}
+
+fn within(conn: &Connection) -> rusqlite::Result<Option<Within>> {
+    let get = |key: &str| -> rusqlite::Result<Option<i64>> {
+        conn.prepare_cached("SELECT value FROM main.tablix_meta WHERE key = ?1")?
+            .query_row([key], |r| r.get(0))
+            .optional()
+    };
+    Ok(match (get("within_index")?, get("within_count")?) {
+        (Some(index), Some(count)) => Some(Within {
+            index: index as u64,
+            count: count as u64,
+        }),
+        _ => None,
+    })
+}
+
+/// Most Commands applied in one transaction.
 const RUN: usize = 256;
 
-/// Entries of one kind gathered for one transaction, with their ids.
+/// Where one Command (or one blank or membership entry) stands in the
+/// entries being applied: what a transaction ending with it records.
+#[derive(Clone, Copy, Debug)]
+struct Mark {
+    /// Its entry.
+    entry: LogId,
+    /// Its place among the entry's Commands.
+    pos: u64,
+    /// Whether it is the entry's last.
+    last: bool,
+    /// The entry before its own, if among the entries being applied.
+    prev: Option<LogId>,
+}
+
+impl Mark {
+    /// The last entry the state holds once this item is applied, and how
+    /// far into the next one it is.
+    fn progress(&self) -> (Option<LogId>, Option<Within>) {
+        if self.last {
+            (Some(self.entry), None)
+        } else {
+            (
+                self.prev,
+                Some(Within {
+                    index: self.entry.index,
+                    count: self.pos + 1,
+                }),
+            )
+        }
+    }
+
+    /// Records, in the open transaction, what the state holds once this
+    /// item is applied.
+    fn record(&self, conn: &Connection) -> rusqlite::Result<()> {
+        let (complete, within) = self.progress();
+        if let Some(id) = complete {
+            record_applied(conn, id)?;
+        }
+        record_within(conn, within)
+    }
+}
+
+/// Items of one kind gathered for one transaction.
 enum Run {
     Fs(Vec<Stamped<FsOp>>),
     Sql(Vec<Stamped<SqlCommand>>),
     /// Blank and membership entries: the last membership among them.
+    Record(Option<Vec<u8>>),
+}
+
+/// One item to apply: a Command, or a blank or membership entry.
+enum Item {
+    Fs(Stamped<FsOp>),
+    Sql(Stamped<SqlCommand>),
     Record(Option<Vec<u8>>),
 }
 
@@ -111,75 +219,170 @@ pub(crate) struct Appliers<'a> {
     pub(crate) probe: &'a WriteProbe,
 }
 
-/// Why applying stopped: the first entry not applied and the failure.
-/// Every entry before it is applied and committed.
+/// Why applying stopped: the first entry not wholly applied and the
+/// failure. Every entry before it is applied and committed.
 #[derive(Debug)]
 pub(crate) struct Halted {
     pub(crate) at: u64,
     pub(crate) error: StoreError,
 }
 
+/// The replies of the entries being applied, gathered as their items are.
+struct Replies {
+    out: Vec<EntryReply>,
+}
+
+impl Replies {
+    fn push(&mut self, mark: &Mark, reply: Option<CommandReply>, skipped: u64) {
+        if mark.pos == skipped {
+            self.out.push(match reply {
+                Some(_) => EntryReply::Commands(
+                    std::iter::repeat_n(CommandReply::AppliedBefore, skipped as usize).collect(),
+                ),
+                None => EntryReply::Recorded,
+            });
+        }
+        if let (Some(r), Some(EntryReply::Commands(v))) = (reply, self.out.last_mut()) {
+            v.push(r);
+        }
+    }
+}
+
 /// Applies `entries` in order. `applied_to` is told the last entry each
-/// committed transaction holds. Returns one reply per entry.
+/// committed transaction holds whole. Returns one reply per entry.
 pub(crate) fn apply(
     to: &Appliers<'_>,
     entries: Vec<LogEntry>,
     mut applied_to: impl FnMut(LogId),
 ) -> Result<Vec<EntryReply>, Halted> {
-    let mut replies = Vec::with_capacity(entries.len());
-    let mut run: Option<Run> = None;
-    let mut ids: Vec<LogId> = Vec::new();
-    for entry in entries {
-        let item = Run::of(entry.payload);
-        let full = ids.len() >= RUN;
-        match (&mut run, item) {
-            (Some(Run::Fs(v)), Run::Fs(c)) if !full => v.extend(c),
-            (Some(Run::Sql(v)), Run::Sql(c)) if !full => v.extend(c),
-            (Some(Run::Record(m)), Run::Record(new)) if !full => {
-                if new.is_some() {
-                    *m = new;
-                }
-            }
-            (_, item) => {
-                if let Some(r) = run.take() {
-                    commit_run(to, r, &ids, &mut replies, &mut applied_to)?;
-                }
-                ids.clear();
-                run = Some(item);
-            }
+    let first = entries.first().map_or(0, |e| e.id.index);
+    // Commands of the first entry a stopped node had already applied.
+    let skip = match within(to.fs.connection()) {
+        Ok(Some(w)) if w.index == first => w.count,
+        Ok(Some(w)) => {
+            tracing::warn!(
+                "the state holds part of entry {} but is handed entry {first} next: the part is left as it is",
+                w.index
+            );
+            0
         }
-        ids.push(entry.id);
+        Ok(None) => 0,
+        Err(e) => {
+            return Err(Halted {
+                at: first,
+                error: StoreError::Apply(format!("reading how far the state is: {e}")),
+            });
+        }
+    };
+    let mut replies = Replies {
+        out: Vec::with_capacity(entries.len()),
+    };
+    let mut run: Option<Run> = None;
+    let mut marks: Vec<Mark> = Vec::new();
+    let mut prev: Option<LogId> = None;
+    for (n, entry) in entries.into_iter().enumerate() {
+        let skipped = if n == 0 { skip } else { 0 };
+        let items: Vec<Item> = match entry.payload {
+            EntryPayload::Blank => vec![Item::Record(None)],
+            EntryPayload::Membership(m) => vec![Item::Record(Some(m))],
+            EntryPayload::Commands(c) if c.is_empty() => vec![Item::Record(None)],
+            EntryPayload::Commands(c) => c
+                .into_iter()
+                .map(|c| match c.command {
+                    ReplicatedCommand::Fs(op) => Item::Fs(Stamped::new(c.stamp, op)),
+                    ReplicatedCommand::Sql(s) => Item::Sql(Stamped::new(c.stamp, s)),
+                })
+                .collect(),
+        };
+        let count = items.len() as u64;
+        if skipped >= count {
+            // Every Command of it is held: only the record is missing.
+            if let Err(e) = record_progress(to.fs.connection(), Some(entry.id), None) {
+                return Err(Halted {
+                    at: entry.id.index,
+                    error: e,
+                });
+            }
+            applied_to(entry.id);
+            replies.out.push(EntryReply::Commands(
+                std::iter::repeat_n(CommandReply::AppliedBefore, count as usize).collect(),
+            ));
+            prev = Some(entry.id);
+            continue;
+        }
+        for (pos, item) in items.into_iter().enumerate().skip(skipped as usize) {
+            let mark = Mark {
+                entry: entry.id,
+                pos: pos as u64,
+                last: pos as u64 + 1 == count,
+                prev,
+            };
+            let full = marks.len() >= RUN;
+            match (&mut run, item) {
+                (Some(Run::Fs(v)), Item::Fs(c)) if !full => v.push(c),
+                (Some(Run::Sql(v)), Item::Sql(c)) if !full => v.push(c),
+                (Some(Run::Record(m)), Item::Record(new)) if !full => {
+                    if new.is_some() {
+                        *m = new;
+                    }
+                }
+                (_, item) => {
+                    if let Some(r) = run.take() {
+                        commit_run(to, r, &marks, skip, &mut replies, &mut applied_to)?;
+                    }
+                    marks.clear();
+                    run = Some(match item {
+                        Item::Fs(c) => Run::Fs(vec![c]),
+                        Item::Sql(c) => Run::Sql(vec![c]),
+                        Item::Record(m) => Run::Record(m),
+                    });
+                }
+            }
+            marks.push(mark);
+        }
+        prev = Some(entry.id);
     }
     if let Some(r) = run {
-        commit_run(to, r, &ids, &mut replies, &mut applied_to)?;
+        commit_run(to, r, &marks, skip, &mut replies, &mut applied_to)?;
     }
-    Ok(replies)
+    Ok(replies.out)
 }
 
-impl Run {
-    /// A run of the one entry `payload`.
-    fn of(payload: EntryPayload) -> Run {
-        match payload {
-            EntryPayload::Blank => Run::Record(None),
-            EntryPayload::Membership(m) => Run::Record(Some(m)),
-            EntryPayload::Command(c) => match c.command {
-                ReplicatedCommand::Fs(op) => Run::Fs(vec![Stamped::new(c.stamp, op)]),
-                ReplicatedCommand::Sql(s) => Run::Sql(vec![Stamped::new(c.stamp, s)]),
-            },
+/// Records in a transaction of its own the last entry the state holds
+/// whole and how far into the next one it is.
+fn record_progress(
+    conn: &Connection,
+    complete: Option<LogId>,
+    within: Option<Within>,
+) -> Result<(), StoreError> {
+    transaction(conn, |conn| {
+        if let Some(id) = complete {
+            record_applied(conn, id)?;
         }
-    }
+        record_within(conn, within)
+    })
 }
 
 fn commit_run(
     to: &Appliers<'_>,
     run: Run,
-    ids: &[LogId],
-    replies: &mut Vec<EntryReply>,
+    marks: &[Mark],
+    skip: u64,
+    replies: &mut Replies,
     applied_to: &mut impl FnMut(LogId),
 ) -> Result<(), Halted> {
     let halted = |done: usize, error: StoreError| Halted {
-        at: ids[done].index,
+        at: marks[done].entry.index,
         error,
+    };
+    // What the first Command of the first entry's skipped part replies.
+    let skipped = |m: &Mark| {
+        if m.prev.is_none() { skip } else { 0 }
+    };
+    let mut reached = |mark: &Mark| {
+        if let (Some(id), _) = mark.progress() {
+            applied_to(id);
+        }
     };
     match run {
         Run::Fs(items) => {
@@ -189,14 +392,18 @@ fn commit_run(
                 let base = done;
                 let results = to
                     .fs
-                    .apply_group(&group, |n| ids[base + n - 1], to.probe)
+                    .apply_group(&group, |conn, n| marks[base + n - 1].record(conn), to.probe)
                     .map_err(|e| halted(done, e))?;
-                done = progress(done, results.len()).map_err(|e| halted(done, e))?;
-                applied_to(ids[done - 1]);
-                replies.extend(results.into_iter().map(|r| match r {
-                    Ok(r) => EntryReply::Fs(r),
-                    Err(e) => EntryReply::Failed(e.to_string()),
-                }));
+                let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
+                for (m, r) in marks[done..next].iter().zip(results) {
+                    let reply = match r {
+                        Ok(r) => CommandReply::Fs(r),
+                        Err(e) => CommandReply::Failed(e.to_string()),
+                    };
+                    replies.push(m, Some(reply), skipped(m));
+                }
+                done = next;
+                reached(&marks[done - 1]);
             }
         }
         Run::Sql(items) => {
@@ -207,21 +414,39 @@ fn commit_run(
                 let base = done;
                 let results = to
                     .sql
-                    .apply_group(&group, to.budget, |n| ids[base + n - 1], to.probe)
+                    .apply_group(
+                        &group,
+                        to.budget,
+                        |conn, n| marks[base + n - 1].record(conn),
+                        to.probe,
+                    )
                     .map_err(|e| halted(done, e))?;
-                done = progress(done, results.len()).map_err(|e| halted(done, e))?;
-                applied_to(ids[done - 1]);
-                replies.extend(results.into_iter().map(|r| match r {
-                    Ok(held) => EntryReply::Sql(held.reply),
-                    Err(e) => EntryReply::Failed(e.to_string()),
-                }));
+                let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
+                for (m, r) in marks[done..next].iter().zip(results) {
+                    let reply = match r {
+                        Ok(held) => CommandReply::Sql(held.reply),
+                        Err(e) => CommandReply::Failed(e.to_string()),
+                    };
+                    replies.push(m, Some(reply), skipped(m));
+                }
+                done = next;
+                reached(&marks[done - 1]);
             }
         }
         Run::Record(membership) => {
-            let last = ids[ids.len() - 1];
-            record(to.fs.connection(), last, membership.as_deref()).map_err(|e| halted(0, e))?;
-            applied_to(last);
-            replies.extend(ids.iter().map(|_| EntryReply::Recorded));
+            let last = marks[marks.len() - 1];
+            transaction(to.fs.connection(), |conn| {
+                last.record(conn)?;
+                match &membership {
+                    Some(m) => record_membership(conn, m),
+                    None => Ok(()),
+                }
+            })
+            .map_err(|e| halted(0, e))?;
+            reached(&last);
+            for m in marks {
+                replies.push(m, None, 0);
+            }
         }
     }
     Ok(())
@@ -239,9 +464,11 @@ fn progress(done: usize, applied: usize) -> Result<usize, StoreError> {
     Ok(done + applied)
 }
 
-/// Records, in a transaction of its own, that the state holds every entry
-/// up to `last` and, if given, the membership.
-fn record(conn: &Connection, last: LogId, membership: Option<&[u8]>) -> Result<(), StoreError> {
+/// Runs `body` in a write transaction of its own and commits it.
+fn transaction(
+    conn: &Connection,
+    body: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> Result<(), StoreError> {
     let failed = |e: rusqlite::Error| {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
@@ -249,9 +476,6 @@ fn record(conn: &Connection, last: LogId, membership: Option<&[u8]>) -> Result<(
         StoreError::Commit(SqliteFailure::of(&e))
     };
     group::control(conn, BEGIN_WRITE).map_err(failed)?;
-    record_applied(conn, last).map_err(failed)?;
-    if let Some(m) = membership {
-        record_membership(conn, m).map_err(failed)?;
-    }
+    body(conn).map_err(failed)?;
     group::control(conn, "COMMIT").map_err(failed)
 }

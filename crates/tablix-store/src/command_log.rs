@@ -444,7 +444,7 @@ pub(crate) fn replay(
         .into_iter()
         .map(|(id, c)| LogEntry {
             id,
-            payload: EntryPayload::Command(c),
+            payload: EntryPayload::Commands(vec![c]),
         })
         .collect();
     apply_log::apply(&to, entries, |id| log.applied = Some(id)).map_err(|h| {

@@ -9,7 +9,6 @@
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 use tablix_fs::{Errno, FsError, FsOp};
-use tablix_log::LogId;
 use tablix_vfs::ClockVfs;
 
 use crate::apply_log::AppliedState;
@@ -268,18 +267,18 @@ impl FsWriter {
         group::control(&self.conn, sql).map_err(|e| StoreError::Commit(SqliteFailure::of(&e)))
     }
 
-    /// Applies file-system Commands as one group commit, which records
-    /// the log entry of the last one applied: `id_of(n)` is the entry of
-    /// the `n`th (1-based).
+    /// Applies file-system Commands as one group commit, inside whose
+    /// transaction `record(conn, n)` records where the log stands once the
+    /// first `n` are applied.
     pub(crate) fn apply_group(
         &self,
         items: &[&Stamped<FsOp>],
-        id_of: impl Fn(usize) -> LogId,
+        record: impl Fn(&Connection, usize) -> rusqlite::Result<()>,
         probe: &WriteProbe,
     ) -> Result<Vec<Result<FsResult, StoreError>>, StoreError> {
         let items: Vec<(&Stamped<FsOp>, &())> = items.iter().map(|i| (*i, &())).collect();
         group::commit(self, &items, usize::MAX, |conn, n| {
-            command_log::record_applied(conn, id_of(n))?;
+            record(conn, n)?;
             probe.at(WritePoint::Applied);
             Ok(())
         })

@@ -6,7 +6,6 @@ use rusqlite::Connection;
 
 use crate::budget::Limits;
 use crate::command::{SqlCommand, Stamp, Stamped};
-use crate::command_log;
 use crate::error::StoreError;
 use crate::exec::{self, Collect, Stop};
 use crate::group;
@@ -15,7 +14,6 @@ use crate::sandbox::UserConn;
 use crate::state_machine::{Grouped, StateMachine};
 use crate::volatile::MemImage;
 use crate::write_point::{WritePoint, WriteProbe};
-use tablix_log::LogId;
 
 pub(crate) struct SqlWriter {
     pub(crate) uc: UserConn,
@@ -29,18 +27,18 @@ impl SqlWriter {
 
     /// Applies user SQL Commands as one group commit, ending the group
     /// early when the results it holds would pass `budget` bytes (see
-    /// [`group::commit`]): returns the replies of a prefix, whose last
-    /// entry the commit records (`id_of(n)`: the entry of the `n`th,
-    /// 1-based).
+    /// [`group::commit`]): returns the replies of a prefix. Inside the
+    /// transaction `record(conn, n)` records where the log stands once the
+    /// first `n` are applied.
     pub(crate) fn apply_group(
         &self,
         items: &[(&Stamped<SqlCommand>, &Limits)],
         budget: usize,
-        id_of: impl Fn(usize) -> LogId,
+        record: impl Fn(&Connection, usize) -> rusqlite::Result<()>,
         probe: &WriteProbe,
     ) -> Result<Vec<Result<Held, StoreError>>, StoreError> {
         group::commit(self, items, budget, |conn, n| {
-            command_log::record_applied(conn, id_of(n))?;
+            record(conn, n)?;
             probe.at(WritePoint::Applied);
             Ok(())
         })

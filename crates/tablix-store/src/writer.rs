@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use crate::apply_log::{self, AppliedState, Appliers, EntryPayload, EntryReply, LogEntry};
 use crate::budget::Limits;
 use crate::command::{ReplicatedCommand, SqlCommand, Stamped};
-use crate::command_log::{CommandLog, failure_of};
+use crate::command_log::{self, CommandLog, failure_of};
 use crate::config::{Durability, StoreConfig};
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
@@ -259,7 +259,11 @@ impl Writer {
                 return Err(e);
             }
             log.at(WritePoint::Synced);
-            let r = fs.apply_group(&items, |n| CommandLog::id_at(first, n), log.probe());
+            let r = fs.apply_group(
+                &items,
+                |conn, n| command_log::record_applied(conn, CommandLog::id_at(first, n)),
+                log.probe(),
+            );
             match &r {
                 Ok(done) => {
                     log.applied_to(CommandLog::id_at(first, done.len()));
@@ -324,7 +328,7 @@ impl Writer {
             let r = self.sql.apply_group(
                 &items,
                 self.config.max_result_bytes,
-                |n| CommandLog::id_at(first, n),
+                |conn, n| command_log::record_applied(conn, CommandLog::id_at(first, n)),
                 log.probe(),
             );
             drop(items);
@@ -392,13 +396,16 @@ impl Writer {
     /// replication applies the rest again from its log then.
     fn apply_entries(&mut self, entries: Vec<LogEntry>) -> Result<Vec<EntryReply>, StoreError> {
         let n = entries.len() as u64;
-        let sql = entries.iter().filter_map(|e| match &e.payload {
-            EntryPayload::Command(c) => match &c.command {
+        let sql = entries
+            .iter()
+            .flat_map(|e| match &e.payload {
+                EntryPayload::Commands(c) => c.as_slice(),
+                _ => &[],
+            })
+            .filter_map(|c| match &c.command {
                 ReplicatedCommand::Sql(s) => Some(s),
                 ReplicatedCommand::Fs(_) => None,
-            },
-            _ => None,
-        });
+            });
         self.refresh_mem_for(sql);
         let mut log = self.log()?;
         if log.is_kept() {

@@ -18,8 +18,8 @@ use openraft::raft::{
 use openraft::storage::RaftStateMachine;
 use openraft::{Config, Raft, SnapshotPolicy};
 use tablix_log::{Log, LogConfig};
-use tablix_raft::{LogStore, Node, NodeId, StateMachine, TypeConfig};
-use tablix_store::{EntryReply, ReplicatedCommand, Stamp, Stamped, Store, Value};
+use tablix_raft::{Batch, LogStore, Node, NodeId, StateMachine, TypeConfig};
+use tablix_store::{CommandReply, EntryReply, ReplicatedCommand, Stamp, Stamped, Store, Value};
 
 use super::{file, make_file, rows, sql, state_machine};
 
@@ -150,14 +150,22 @@ async fn start(
     (raft, sm)
 }
 
-fn stamped(n: u64, command: ReplicatedCommand) -> Stamped<ReplicatedCommand> {
-    Stamped::new(
+fn stamped(n: u64, command: ReplicatedCommand) -> Batch {
+    vec![Stamped::new(
         Stamp {
             unix_nanos: 1_700_000_000_000_000_000 + n as i64,
             seed: n,
         },
         command,
-    )
+    )]
+}
+
+/// The reply of an entry's one Command.
+fn only(reply: EntryReply) -> CommandReply {
+    match reply {
+        EntryReply::Commands(mut v) if v.len() == 1 => v.remove(0),
+        other => panic!("{other:?}"),
+    }
 }
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(20));
@@ -199,14 +207,11 @@ fn a_three_node_cluster_replicates_sql_and_files_and_a_snapshot_brings_a_new_nod
             ))
             .await
             .unwrap();
-        assert!(
-            matches!(created.data, EntryReply::Sql(_)),
-            "{:?}",
-            created.data
-        );
+        let created = only(created.data);
+        assert!(matches!(created, CommandReply::Sql(_)), "{created:?}");
         let made = raft.client_write(stamped(2, make_file("f"))).await.unwrap();
-        let ino = match made.data {
-            EntryReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
+        let ino = match only(made.data) {
+            CommandReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
             other => panic!("{other:?}"),
         };
         // More than one snapshot chunk of file data.

@@ -21,8 +21,8 @@ use openraft::{
 use tablix_log::{Log, LogConfig};
 use tablix_raft::{LogStore, Node, NodeId, StateMachine, TypeConfig};
 use tablix_store::{
-    EntryReply, LogKeeper, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
-    StatementResult, Store, StoreConfig, StoreError, Value,
+    CommandReply, EntryReply, LogKeeper, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped,
+    Statement, StatementResult, Store, StoreConfig, StoreError, Value,
 };
 
 /// A store whose log replication keeps, in `dir/data`.
@@ -81,16 +81,24 @@ fn members(term: u64, index: u64, voters: &[NodeId]) -> Entry<TypeConfig> {
     }
 }
 
+/// The reply of an entry's one Command.
+fn only(reply: &EntryReply) -> &CommandReply {
+    match reply {
+        EntryReply::Commands(v) if v.len() == 1 => &v[0],
+        other => panic!("{other:?}"),
+    }
+}
+
 fn command(term: u64, index: u64, command: ReplicatedCommand) -> Entry<TypeConfig> {
     Entry {
         log_id: id(term, index),
-        payload: EntryPayload::Normal(Stamped::new(
+        payload: EntryPayload::Normal(vec![Stamped::new(
             Stamp {
                 unix_nanos: 1_700_000_000_000_000_000 + index as i64,
                 seed: index,
             },
             command,
-        )),
+        )]),
     }
 }
 
@@ -175,8 +183,8 @@ fn committed_entries_change_the_store_and_a_snapshot_carries_all_of_it_to_anothe
             .unwrap();
         assert_eq!(replies.len(), 4, "{replies:?}");
         assert_eq!(replies[..2], [EntryReply::Recorded, EntryReply::Recorded]);
-        let ino = match &replies[3] {
-            EntryReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
+        let ino = match only(&replies[3]) {
+            CommandReply::Fs(Ok(tablix_fs::FsReply::Attr(attr))) => attr.ino,
             other => panic!("making a file answered {other:?}"),
         };
         let replies = a
@@ -202,11 +210,11 @@ fn committed_entries_change_the_store_and_a_snapshot_carries_all_of_it_to_anothe
             .await
             .unwrap();
         assert_eq!(
-            replies[0],
-            EntryReply::Fs(Ok(tablix_fs::FsReply::Written(16)))
+            only(&replies[0]),
+            &CommandReply::Fs(Ok(tablix_fs::FsReply::Written(16)))
         );
-        match &replies[1] {
-            EntryReply::Sql(reply) => assert!(reply.statements[1].result.is_error(), "{reply:?}"),
+        match only(&replies[1]) {
+            CommandReply::Sql(reply) => assert!(reply.statements[1].result.is_error(), "{reply:?}"),
             other => panic!("{other:?}"),
         }
         let applied = a.applied_state().await.unwrap();
@@ -405,7 +413,7 @@ fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
             ))
             .await
             .unwrap();
-        assert!(matches!(reply, EntryReply::Sql(_)), "{reply:?}");
+        assert!(matches!(reply, CommandReply::Sql(_)), "{reply:?}");
         let before = rows(&store, "SELECT x FROM t");
         node.shutdown().await.unwrap();
         store.close().unwrap();
@@ -424,5 +432,67 @@ fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
             vec![vec![Value::Integer(2)]]
         );
         node.shutdown().await.unwrap();
+    });
+}
+
+#[test]
+fn concurrent_proposals_share_entries_and_each_gets_its_own_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let store = open_store(dir.path());
+        let node = Arc::new(single_node(dir.path(), &store).await);
+        let stamp = Stamp {
+            unix_nanos: 1,
+            seed: 1,
+        };
+        node.propose(Stamped::new(
+            stamp,
+            sql(&["CREATE TABLE t(id INTEGER PRIMARY KEY)"]),
+        ))
+        .await
+        .unwrap();
+        let before = store.applied_state().unwrap().applied.unwrap().index;
+        const CLIENTS: i64 = 64;
+        let mut clients = tokio::task::JoinSet::new();
+        for n in 1..=CLIENTS {
+            let node = Arc::clone(&node);
+            clients.spawn(async move {
+                let reply = node
+                    .propose(Stamped::new(
+                        stamp,
+                        sql(&[&format!("INSERT INTO t(id) VALUES ({n})")]),
+                    ))
+                    .await
+                    .unwrap();
+                (n, reply)
+            });
+        }
+        while let Some(done) = clients.join_next().await {
+            let (n, reply) = done.unwrap();
+            match reply {
+                CommandReply::Sql(r) => assert_eq!(
+                    r.statements[0].result,
+                    StatementResult::Executed {
+                        last_insert_id: n,
+                        rows_affected: 1
+                    },
+                    "client {n} got another's reply"
+                ),
+                other => panic!("client {n}: {other:?}"),
+            }
+        }
+        let entries = store.applied_state().unwrap().applied.unwrap().index - before;
+        assert!(
+            entries < CLIENTS as u64 / 2,
+            "{CLIENTS} concurrent proposals took {entries} entries"
+        );
+        assert_eq!(
+            rows(&store, "SELECT count(*) FROM t"),
+            vec![vec![Value::Integer(CLIENTS)]]
+        );
+        match Arc::try_unwrap(node) {
+            Ok(node) => node.shutdown().await.unwrap(),
+            Err(_) => panic!("a client still holds the node"),
+        }
     });
 }

@@ -3,9 +3,14 @@
 //! loss the state names exactly what it holds, never less than a
 //! snapshot taken of it, and an installed snapshot stays installed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tablix_fs::{FsOp, FsReply, ROOT};
 use tablix_store::{
-    EntryPayload, EntryReply, LogEntry, LogId, LogKeeper, Params, Principal, ReplicatedCommand,
-    SqlCommand, Stamped, Statement, Store, StoreError, Value,
+    CommandReply, EntryPayload, EntryReply, LogEntry, LogId, LogKeeper, Params, Principal,
+    ReplicatedCommand, SqlCommand, Stamped, Statement, Store, StoreError, Value, WritePoint,
+    WriteProbe,
 };
 
 use crate::{Durability, faulty_store, stamp};
@@ -17,31 +22,33 @@ fn entry(index: u64, payload: EntryPayload) -> LogEntry {
     }
 }
 
+/// Inserts `v` into `p`.
+fn insert(v: i64) -> Stamped<ReplicatedCommand> {
+    Stamped::new(
+        stamp(v),
+        ReplicatedCommand::Sql(SqlCommand {
+            statements: vec![Statement::with_params(
+                "INSERT INTO p(v) VALUES (?)",
+                Params::Positional(vec![Value::Integer(v)]),
+            )],
+            transaction: false,
+            principal: Principal::root(),
+        }),
+    )
+}
+
 /// Entry `index`: insert `index` into `p`.
 fn insert_entry(index: u64) -> LogEntry {
-    entry(
-        index,
-        EntryPayload::Command(Stamped::new(
-            stamp(index as i64),
-            ReplicatedCommand::Sql(SqlCommand {
-                statements: vec![Statement::with_params(
-                    "INSERT INTO p(v) VALUES (?)",
-                    Params::Positional(vec![Value::Integer(index as i64)]),
-                )],
-                transaction: false,
-                principal: Principal::root(),
-            }),
-        )),
-    )
+    entry(index, EntryPayload::Commands(vec![insert(index as i64)]))
 }
 
 fn create_entry(index: u64) -> LogEntry {
     entry(
         index,
-        EntryPayload::Command(Stamped::new(
+        EntryPayload::Commands(vec![Stamped::new(
             stamp(0),
             ReplicatedCommand::Sql(crate::sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"])),
-        )),
+        )]),
     )
 }
 
@@ -151,4 +158,138 @@ fn an_installed_snapshot_survives_a_power_loss_and_entries_continue_after_it() {
     assert!(store.apply_entries(vec![insert_entry(10)]).wait().is_err());
     store.apply_entries(vec![insert_entry(11)]).wait().unwrap();
     assert_eq!(values(&store), (2..=11).collect::<Vec<i64>>());
+}
+
+#[test]
+fn an_entry_of_several_commands_answers_each_in_its_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tablix_store::StoreConfig::new(dir.path());
+    config.log_keeper = LogKeeper::Replication;
+    let store = Store::open(config).unwrap();
+    let mount = Stamped::new(
+        stamp(0),
+        ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
+    );
+    let file = Stamped::new(
+        stamp(0),
+        ReplicatedCommand::Fs(FsOp::MakeNode {
+            parent: ROOT,
+            name: b"f".to_vec(),
+            mode: libc::S_IFREG | 0o644,
+            rdev: 0,
+            uid: 0,
+            gid: 0,
+        }),
+    );
+    let bad = Stamped::new(
+        stamp(0),
+        ReplicatedCommand::Sql(crate::sql(&["INSERT INTO nowhere VALUES (1)"])),
+    );
+    let entries = vec![
+        create_entry(1),
+        entry(
+            2,
+            EntryPayload::Commands(vec![insert(1), mount, file, bad, insert(2)]),
+        ),
+        entry(3, EntryPayload::Commands(Vec::new())),
+    ];
+    let replies = store.apply_entries(entries).wait().unwrap();
+    assert_eq!(replies.len(), 3);
+    let EntryReply::Commands(batch) = &replies[1] else {
+        panic!("{:?}", replies[1]);
+    };
+    assert_eq!(batch.len(), 5, "{batch:?}");
+    assert!(
+        matches!(batch[0], CommandReply::Sql(ref r) if !r.rolled_back),
+        "{batch:?}"
+    );
+    assert!(matches!(batch[1], CommandReply::Fs(Ok(_))), "{batch:?}");
+    assert!(
+        matches!(batch[2], CommandReply::Fs(Ok(FsReply::Attr(_)))),
+        "{batch:?}"
+    );
+    assert!(
+        matches!(batch[3], CommandReply::Sql(ref r) if r.statements[0].result.is_error()),
+        "{batch:?}"
+    );
+    assert!(matches!(batch[4], CommandReply::Sql(_)), "{batch:?}");
+    assert_eq!(replies[2], EntryReply::Recorded);
+    assert_eq!(values(&store), vec![1, 2]);
+    assert_eq!(
+        store.applied_state().unwrap().applied,
+        Some(LogId { term: 1, index: 3 })
+    );
+}
+
+#[test]
+fn a_power_loss_inside_an_entry_of_many_commands_applies_each_command_once() {
+    // Entry 2 holds more Commands than one transaction applies: its
+    // first part commits with entry 1, and the machine dies in the group
+    // commit of the rest.
+    const MANY: i64 = 300;
+    let (fault, dir, mut config) = faulty_store(Durability::Sync);
+    let fault = Arc::new(fault);
+    config.log_keeper = LogKeeper::Replication;
+    // A checkpoint after every commit: each group's state is durable (a
+    // replicated store's state otherwise lags its log, which has it all).
+    config.wal_limit = 8192;
+    let groups = Arc::new(AtomicUsize::new(0));
+    config.write_probe = {
+        let fault = Arc::clone(&fault);
+        let groups = Arc::clone(&groups);
+        WriteProbe::new(move |p| {
+            if p == WritePoint::Applied && groups.fetch_add(1, Ordering::SeqCst) + 1 == 2 {
+                fault.freeze();
+            }
+        })
+    };
+    let many = || entry(2, EntryPayload::Commands((0..MANY).map(insert).collect()));
+    let store = Store::open(config).unwrap();
+    store
+        .apply_entries(vec![create_entry(1), many()])
+        .wait()
+        .unwrap();
+    assert_eq!(
+        groups.load(Ordering::SeqCst),
+        2,
+        "entries 1 and 2 took two groups"
+    );
+    drop(store);
+    fault.power_loss().unwrap();
+
+    let store = reopen(dir.path());
+    let held = values(&store);
+    assert!(
+        !held.is_empty() && (held.len() as i64) < MANY,
+        "the first group of entry 2 is durable, the second is not: {} values",
+        held.len()
+    );
+    assert_eq!(held, (0..held.len() as i64).collect::<Vec<i64>>());
+    assert_eq!(
+        store.applied_state().unwrap().applied,
+        Some(LogId { term: 1, index: 1 }),
+        "entry 2 is not wholly applied"
+    );
+    // Replication hands entry 2 over again: what the state holds of it is
+    // not applied twice, the rest is applied.
+    let replies = store.apply_entries(vec![many()]).wait().unwrap();
+    let EntryReply::Commands(batch) = &replies[0] else {
+        panic!("{:?}", replies[0]);
+    };
+    let before = batch
+        .iter()
+        .filter(|r| **r == CommandReply::AppliedBefore)
+        .count();
+    assert_eq!(before, held.len(), "{batch:?}");
+    assert_eq!(batch.len(), MANY as usize);
+    assert_eq!(values(&store), (0..MANY).collect::<Vec<i64>>());
+    assert_eq!(
+        store.applied_state().unwrap().applied,
+        Some(LogId { term: 1, index: 2 })
+    );
+    drop(store);
+    // And the record of the part is gone with the entry's completion.
+    let store = reopen(dir.path());
+    store.apply_entries(vec![insert_entry(3)]).wait().unwrap();
+    assert_eq!(values(&store).len(), MANY as usize + 1);
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tablix_raft::SingleNode;
 use tablix_store::{
-    LogKeeper, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Store,
-    StoreConfig, Value,
+    CommandReply, LogKeeper, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped,
+    Statement, Store, StoreConfig, Value,
 };
 
 use super::median;
@@ -74,11 +74,15 @@ impl Proposer {
                     .await?;
             }
             Proposer::Raft(node) => {
-                node.propose(Stamped::new(
-                    stamped.stamp,
-                    ReplicatedCommand::Sql(stamped.command),
-                ))
-                .await?;
+                let reply = node
+                    .propose(Stamped::new(
+                        stamped.stamp,
+                        ReplicatedCommand::Sql(stamped.command),
+                    ))
+                    .await?;
+                if let CommandReply::Failed(e) = reply {
+                    anyhow::bail!("an insert failed: {e}");
+                }
             }
         }
         Ok(())
