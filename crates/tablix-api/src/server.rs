@@ -117,7 +117,9 @@ impl IntoResponse for Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         let status = match e {
-            StoreError::Closed | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            StoreError::Closed | StoreError::Busy(_) | StoreError::NoLeader(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Failure(status, e.to_string())

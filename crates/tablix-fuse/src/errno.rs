@@ -25,11 +25,15 @@ pub fn sqlite_errno(code: Option<ErrorCode>) -> Errno {
 /// filled, EIO otherwise.
 ///
 /// The command log's failure is ENOSPC when the disk is full (nothing was
-/// logged or applied); a stopped state machine answers as its cause.
+/// logged or applied); a stopped state machine answers as its cause. A
+/// cluster node that reaches no leader within its bounded wait answers
+/// EROFS: its mount serves reads, and no write, until a leader is back.
 pub fn store_errno(e: &StoreError) -> Errno {
     match e {
         StoreError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => Errno::ENOSPC,
         StoreError::Log(f) if f.disk_full => Errno::ENOSPC,
+        // A node that reaches no leader is read-only until one is back.
+        StoreError::NoLeader(_) => Errno::EROFS,
         other => sqlite_errno(other.sqlite_code()),
     }
 }
@@ -167,6 +171,8 @@ mod tests {
                 Errno::EIO,
             ),
             (StoreError::Closed, Errno::EIO),
+            (StoreError::NoLeader("partitioned".into()), Errno::EROFS),
+            (StoreError::Replication("no answer".into()), Errno::EIO),
             (StoreError::Sqlite(sqlite(ffi::SQLITE_FULL)), Errno::ENOSPC),
             (
                 StoreError::Io(std::io::Error::from_raw_os_error(libc::ENOSPC)),

@@ -14,16 +14,24 @@
 //!
 //! Architecture invariant: this is the only crate that knows openraft.
 
+mod cluster;
 mod log_store;
 mod proposer;
+mod service;
 mod single;
 mod state_machine;
+mod transport;
 mod types;
 
+pub use cluster::{
+    ClusterConfig, ClusterError, ClusterNode, ClusterStatus, JoinRequest, Member, RemoveRequest,
+    Start,
+};
 pub use log_store::LogStore;
-pub use proposer::{ProposeError, Proposer, ProposerConfig};
+pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};
 pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
+pub use transport::{Network, Transport, TransportError};
 pub use types::{Batch, Node, NodeId, TypeConfig};
 
 /// The log's id of openraft's entry `index` of `term`.

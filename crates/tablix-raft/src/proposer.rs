@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use crate::types::{NodeId, TypeConfig};
 
 /// Why a proposal was not applied.
-#[derive(Clone, Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum ProposeError {
     /// This node does not lead; `leader` is the one it knows of, if any.
     #[error("this node is not the leader{}", match .leader {
@@ -59,14 +59,21 @@ impl Default for ProposerConfig {
     fn default() -> Self {
         ProposerConfig {
             max_commands: 256,
-            max_bytes: 8 << 20,
+            max_bytes: 4 << 20,
             in_flight: 1,
             queue: 1024,
         }
     }
 }
 
-type Answer = oneshot::Sender<Result<CommandReply, ProposeError>>;
+/// A Command's reply and the entry that carried it (openraft's index).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Committed {
+    pub reply: CommandReply,
+    pub index: u64,
+}
+
+type Answer = oneshot::Sender<Result<Committed, ProposeError>>;
 
 struct Proposal {
     command: Stamped<ReplicatedCommand>,
@@ -94,6 +101,14 @@ impl Proposer {
         &self,
         command: Stamped<ReplicatedCommand>,
     ) -> Result<CommandReply, ProposeError> {
+        self.propose_at(command).await.map(|c| c.reply)
+    }
+
+    /// [`Proposer::propose`], also saying which entry carried it.
+    pub async fn propose_at(
+        &self,
+        command: Stamped<ReplicatedCommand>,
+    ) -> Result<Committed, ProposeError> {
         let (reply, rx) = oneshot::channel();
         let gone = || ProposeError::Stopped("the proposer ended".into());
         self.tx
@@ -137,8 +152,9 @@ async fn batch(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<Proposal>, config:
             match outcome {
                 Ok(r) => match r.data {
                     EntryReply::Commands(replies) if replies.len() == count => {
+                        let index = r.log_id.index;
                         for (answer, reply) in answers.into_iter().zip(replies) {
-                            let _ = answer.send(Ok(reply));
+                            let _ = answer.send(Ok(Committed { reply, index }));
                         }
                     }
                     other => {

@@ -154,6 +154,16 @@ pub enum StoreError {
         "this store applies the entries of a replicated log: Commands are proposed through replication, not to the store"
     )]
     NotProposer,
+    /// Replication did not answer the Command: replication stopped here,
+    /// or the leader could not be asked or answer (the message says
+    /// whether the Command may have been applied).
+    #[error("replication: {0}")]
+    Replication(String),
+    /// No leader could be reached within the bounded wait (a partitioned
+    /// minority, a cluster electing): nothing of the Command is applied,
+    /// and local state keeps serving reads.
+    #[error("no leader: {0}")]
+    NoLeader(String),
     /// The command log failed (a full disk while extending it, an I/O
     /// error): the Commands of the request were not logged, so not
     /// applied.
@@ -197,6 +207,8 @@ impl StoreError {
             StoreError::Sqlite(e) => StoreError::Failed(SqliteFailure::of(e)),
             StoreError::Closed => StoreError::Closed,
             StoreError::NotProposer => StoreError::NotProposer,
+            StoreError::Replication(m) => StoreError::Replication(m.clone()),
+            StoreError::NoLeader(m) => StoreError::NoLeader(m.clone()),
             StoreError::Log(f) => StoreError::Log(f.clone()),
             StoreError::Stopped { applied, cause } => StoreError::Stopped {
                 applied: *applied,

@@ -70,6 +70,6 @@ pub use read_conn::ReadConn;
 pub use sandbox::ProcVisibility;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
-pub use store::{Store, Ticket};
+pub use store::{Propose, ProposeAnswer, Store, Ticket};
 pub use tablix_log::LogId;
 pub use write_point::{WritePoint, WriteProbe};

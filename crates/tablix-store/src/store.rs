@@ -17,8 +17,8 @@ use tablix_fs::FsOp;
 use tablix_pipe::PipeOp;
 use tablix_proc::ProcOp;
 
-use crate::apply_log::{AppliedState, EntryReply, LogEntry};
-use crate::command::{DaemonRecord, SqlCommand, Stamp, Stamped, Statement};
+use crate::apply_log::{AppliedState, CommandReply, EntryReply, LogEntry};
+use crate::command::{DaemonRecord, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement};
 use crate::command_log::{self, CommandLog};
 use crate::config::{LogKeeper, StoreConfig};
 use crate::error::StoreError;
@@ -49,6 +49,12 @@ pub struct Ticket<T> {
 }
 
 impl<T> Ticket<T> {
+    /// A ticket and the sender that resolves it.
+    fn pair() -> (oneshot::Sender<Result<T, StoreError>>, Ticket<T>) {
+        let (tx, rx) = oneshot::channel();
+        (tx, Ticket { rx })
+    }
+
     fn ready(result: Result<T, StoreError>) -> Ticket<T> {
         let (tx, rx) = oneshot::channel();
         let _ = tx.send(result);
@@ -69,6 +75,18 @@ impl<T> Future for Ticket<T> {
             .map(|r| r.unwrap_or(Err(StoreError::Closed)))
     }
 }
+
+/// Where a store whose log replication keeps ([`LogKeeper::Replication`])
+/// sends the Commands proposed to it: replication logs and commits them
+/// (on whichever node leads) and hands them back through
+/// [`Store::apply_entries`]. `answer` is called once, with the Command's
+/// own reply once this node applied it, or with why it was not.
+pub trait Propose: Send + Sync {
+    fn propose(&self, command: Stamped<ReplicatedCommand>, answer: ProposeAnswer);
+}
+
+/// How a [`Propose`] answers one Command.
+pub type ProposeAnswer = Box<dyn FnOnce(Result<CommandReply, StoreError>) + Send>;
 
 /// The store of one data directory. Owns the directory exclusively for as
 /// long as it is open.
@@ -92,6 +110,9 @@ pub struct Store {
     volatile: Arc<Volatile>,
     watchdog: Arc<Watchdog>,
     counters: Arc<Counters>,
+    /// With `LogKeeper::Replication`: where proposed Commands go while
+    /// replication runs (it holds the store: `close` lets it go).
+    proposer: std::sync::RwLock<Option<Arc<dyn Propose>>>,
     _lock: DirLock,
 }
 
@@ -236,6 +257,7 @@ impl Store {
             volatile,
             watchdog,
             counters,
+            proposer: std::sync::RwLock::new(None),
             _lock: lock,
         })
     }
@@ -256,7 +278,18 @@ impl Store {
     /// [`StoreConfig::write_limits`] for the configured ones). The ticket
     /// resolves once the group it joined has committed at the configured
     /// durability.
+    ///
+    /// With [`LogKeeper::Replication`] the Command goes to the proposer
+    /// replication set ([`Store::set_proposer`]) and is applied, on every
+    /// node, under the configured write limits rather than `limits`.
     pub fn submit_sql(&self, stamped: Stamped<SqlCommand>, limits: Limits) -> Ticket<SqlReply> {
+        if let Some(p) = self.proposer() {
+            let command = Stamped::new(stamped.stamp, ReplicatedCommand::Sql(stamped.command));
+            return through(p.as_ref(), command, |r| match r {
+                CommandReply::Sql(reply) => Some(reply),
+                _ => None,
+            });
+        }
         if let Err(e) = self.proposable() {
             return Ticket::ready(Err(e));
         }
@@ -281,6 +314,13 @@ impl Store {
     /// ticket resolves once its group has committed at the configured
     /// durability.
     pub fn submit_fs(&self, stamped: Stamped<FsOp>) -> Ticket<FsResult> {
+        if let Some(p) = self.proposer() {
+            let command = Stamped::new(stamped.stamp, ReplicatedCommand::Fs(stamped.command));
+            return through(p.as_ref(), command, |r| match r {
+                CommandReply::Fs(result) => Some(result),
+                _ => None,
+            });
+        }
         if let Err(e) = self.proposable() {
             return Ticket::ready(Err(e));
         }
@@ -297,7 +337,29 @@ impl Store {
         self.submit_fs(Stamped::new(stamp, op)).wait()
     }
 
-    /// Refuses Commands proposed to a store whose log replication keeps.
+    /// Sends the Commands proposed to this store, which replication keeps
+    /// the log of, to `proposer` from now on (until [`Store::close`]). Set
+    /// once, by replication.
+    pub fn set_proposer(&self, proposer: Arc<dyn Propose>) -> Result<(), StoreError> {
+        if self.config.log_keeper != LogKeeper::Replication {
+            return Err(StoreError::Apply(
+                "this store keeps its own command log: Commands are proposed to it".into(),
+            ));
+        }
+        let mut slot = self.proposer.write().map_err(|_| StoreError::Closed)?;
+        if slot.is_some() {
+            return Err(StoreError::Apply("the store has a proposer already".into()));
+        }
+        *slot = Some(proposer);
+        Ok(())
+    }
+
+    fn proposer(&self) -> Option<Arc<dyn Propose>> {
+        self.proposer.read().ok().and_then(|p| p.clone())
+    }
+
+    /// Refuses Commands proposed to a store whose log replication keeps
+    /// (and which has no proposer).
     fn proposable(&self) -> Result<(), StoreError> {
         match self.config.log_keeper {
             LogKeeper::Store => Ok(()),
@@ -400,7 +462,9 @@ impl Store {
     /// syncs it within the flush interval, and [`Store::flush`] forces
     /// that. Use [`Store::read_latest`] to read what such operations wrote.
     pub fn apply_fs_now(&self, stamp: Stamp, op: FsOp) -> Result<FsResult, StoreError> {
-        if self.config.durability == crate::config::Durability::Sync {
+        // Replicated Commands are acknowledged once committed: nothing of
+        // them is pending here.
+        if self.config.durability == crate::config::Durability::Sync || self.proposer().is_some() {
             return self.apply_fs(stamp, op);
         }
         self.proposable()?;
@@ -425,7 +489,7 @@ impl Store {
     /// row fails, see [`ReadConn`]); in sync mode, where nothing acknowledged is uncommitted,
     /// on the file system's readers (see [`Store::read`]).
     pub fn read_latest<R>(&self, f: impl FnOnce(&ReadConn) -> R) -> Result<R, StoreError> {
-        if self.config.durability == crate::config::Durability::Sync {
+        if self.config.durability == crate::config::Durability::Sync || self.proposer().is_some() {
             return self.read(f);
         }
         Counters::add(&self.counters.reads, 1);
@@ -547,6 +611,9 @@ impl Store {
     /// Stops accepting Commands, lets the writer finish every queued one,
     /// flushes and checkpoints. Idempotent.
     pub fn close(&self) -> Result<(), StoreError> {
+        if let Ok(mut p) = self.proposer.write() {
+            p.take();
+        }
         if let Ok(mut tx) = self.tx.lock() {
             tx.take();
         }
@@ -570,4 +637,32 @@ impl Drop for Store {
             tracing::error!("closing the store: {e}");
         }
     }
+}
+
+/// Proposes `command` through `proposer`; the ticket resolves with the
+/// part of its reply `pick` takes.
+fn through<T: Send + 'static>(
+    proposer: &dyn Propose,
+    command: Stamped<ReplicatedCommand>,
+    pick: fn(CommandReply) -> Option<T>,
+) -> Ticket<T> {
+    let (tx, ticket) = Ticket::pair();
+    proposer.propose(
+        command,
+        Box::new(move |r| {
+            let _ = tx.send(r.and_then(|reply| match reply {
+                CommandReply::Failed(e) => Err(StoreError::Apply(e)),
+                CommandReply::AppliedBefore => Err(StoreError::Replication(
+                    "the Command was applied before this node restarted; its reply is lost".into(),
+                )),
+                other => {
+                    let shown = format!("{other:?}");
+                    pick(other).ok_or_else(|| {
+                        StoreError::Replication(format!("a Command was answered {shown}"))
+                    })
+                }
+            }));
+        }),
+    );
+    ticket
 }

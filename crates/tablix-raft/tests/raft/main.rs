@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cluster;
+mod network;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -1,0 +1,553 @@
+//! A node of a cluster: openraft over the command log and the store, its
+//! raft service on a TCP address (`service.rs`), peers reached through
+//! [`Network`]. The store's proposals go through [`Forwarder`]: to the
+//! local [`Proposer`] while this node leads, to the leader's service
+//! otherwise, and are answered once this node has applied them, so a
+//! write through any node is visible there when it returns.
+#![allow(
+    clippy::result_large_err,
+    reason = "openraft's errors are large; they are turned into strings here"
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::{ChangeMembers, Config, Raft, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tablix_log::{Log, LogConfig};
+use tablix_store::{
+    CommandReply, Propose, ProposeAnswer, ReplicatedCommand, Stamped, Store, StoreError,
+};
+
+use crate::proposer::{Committed, ProposeError, Proposer, ProposerConfig};
+use crate::transport::{Network, Transport, TransportError, path};
+use crate::types::{Node, NodeId, TypeConfig};
+use crate::{LogStore, StateMachine};
+
+/// How a node comes up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// It was a member before (its log says so), or waits to be added.
+    Resume,
+    /// It founds a cluster of which it is the only voter (ignored when
+    /// its log says it is a member already).
+    Bootstrap,
+    /// It asks the member at this raft address to add it as a voter
+    /// (ignored when its log says it is a member already).
+    Join(String),
+}
+
+/// A node's settings.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub id: NodeId,
+    /// Where the raft service listens (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// The address peers reach the service at (default: the bound one).
+    pub advertise: Option<String>,
+    pub log_dir: PathBuf,
+    pub snapshot_dir: PathBuf,
+    pub start: Start,
+    /// How long a proposal waits for a leader to be reachable before it
+    /// fails.
+    pub leader_wait: Duration,
+    /// How long joining retries while the member asked has no leader or
+    /// cannot be reached.
+    pub join_wait: Duration,
+    /// A snapshot is taken (and the log behind it purged) every this many
+    /// applied entries.
+    pub snapshot_every: u64,
+    /// Entries kept in the log behind the last snapshot, for followers
+    /// that lag a little (one that lags more gets the snapshot).
+    pub keep_behind_snapshot: u64,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: (u64, u64),
+}
+
+impl ClusterConfig {
+    pub fn new(id: NodeId, listen: SocketAddr, data: &std::path::Path) -> ClusterConfig {
+        ClusterConfig {
+            id,
+            listen,
+            advertise: None,
+            log_dir: data.join("raft-log"),
+            snapshot_dir: data.join("snapshots"),
+            start: Start::Resume,
+            leader_wait: Duration::from_secs(5),
+            join_wait: Duration::from_secs(60),
+            snapshot_every: 5000,
+            keep_behind_snapshot: 1000,
+            heartbeat_ms: 150,
+            election_timeout_ms: (500, 1000),
+        }
+    }
+}
+
+/// Why a node failed to start or a membership change failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("opening the raft log: {0}")]
+    Log(#[from] tablix_log::LogError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("the store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Transport(#[from] TransportError),
+    #[error("openraft: {0}")]
+    Raft(String),
+    #[error("{0}")]
+    Membership(String),
+}
+
+fn raft_error(e: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Raft(e.to_string())
+}
+
+/// A request to add a node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub id: NodeId,
+    /// Its raft address.
+    pub addr: String,
+    /// A voter, or a learner that only receives the log.
+    pub voter: bool,
+}
+
+/// A request to remove a node.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    pub id: NodeId,
+}
+
+/// What a node says of the cluster (the raft service's status, and
+/// `tablix cluster status`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub id: NodeId,
+    pub addr: String,
+    pub state: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub leader_addr: Option<String>,
+    pub last_log_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    /// Every member: id, address, voter or not.
+    pub members: Vec<Member>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Member {
+    pub id: NodeId,
+    pub addr: String,
+    pub voter: bool,
+}
+
+/// What the raft service and the forwarder share.
+pub(crate) struct Shared {
+    pub(crate) id: NodeId,
+    pub(crate) addr: String,
+    pub(crate) raft: Raft<TypeConfig>,
+    pub(crate) proposer: Proposer,
+    pub(crate) transport: Transport,
+    pub(crate) leader_wait: Duration,
+}
+
+impl Shared {
+    /// The leader this node knows of and its raft address.
+    fn leader(&self) -> Option<(NodeId, String)> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let id = m.current_leader?;
+        let addr = m
+            .membership_config
+            .nodes()
+            .find(|(n, _)| **n == id)
+            .map(|(_, node)| node.addr.clone())?;
+        Some((id, addr))
+    }
+
+    pub(crate) fn status(&self) -> ClusterStatus {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let voters: BTreeSet<NodeId> = m.membership_config.voter_ids().collect();
+        let members = m
+            .membership_config
+            .nodes()
+            .map(|(id, node)| Member {
+                id: *id,
+                addr: node.addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect::<Vec<_>>();
+        let leader_addr = m
+            .current_leader
+            .and_then(|l| members.iter().find(|n| n.id == l).map(|n| n.addr.clone()));
+        ClusterStatus {
+            id: self.id,
+            addr: self.addr.clone(),
+            state: match m.state {
+                ServerState::Leader => "leader",
+                ServerState::Follower => "follower",
+                ServerState::Candidate => "candidate",
+                ServerState::Learner => "learner",
+                ServerState::Shutdown => "shutdown",
+            }
+            .to_string(),
+            term: m.current_term,
+            leader: m.current_leader,
+            leader_addr,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            members,
+        }
+    }
+
+    /// Proposes `command` wherever the leader is, waiting up to
+    /// `leader_wait` for one; answered once this node applied it.
+    pub(crate) async fn propose_anywhere(
+        &self,
+        command: Stamped<ReplicatedCommand>,
+    ) -> Result<CommandReply, StoreError> {
+        let deadline = Instant::now() + self.leader_wait;
+        let mut last = String::from("no leader is known");
+        loop {
+            match self.leader() {
+                Some((id, _)) if id == self.id => {
+                    match self.proposer.propose_at(command.clone()).await {
+                        Ok(c) => return Ok(c.reply),
+                        Err(e @ ProposeError::NotLeader { .. }) => last = e.to_string(),
+                        Err(e) => return Err(StoreError::Replication(e.to_string())),
+                    }
+                }
+                Some((id, addr)) => {
+                    let answer: Result<Result<Committed, ProposeError>, TransportError> = self
+                        .transport
+                        .call(&addr, path::PROPOSE, &command, self.leader_wait)
+                        .await;
+                    match answer {
+                        Ok(Ok(c)) => {
+                            self.raft
+                                .wait(Some(self.leader_wait))
+                                .applied_index_at_least(Some(c.index), "a forwarded proposal")
+                                .await
+                                .map_err(|e| {
+                                    StoreError::Replication(format!(
+                                        "the leader applied the Command but this node did not within {:?}: {e}",
+                                        self.leader_wait
+                                    ))
+                                })?;
+                            return Ok(c.reply);
+                        }
+                        Ok(Err(e @ ProposeError::NotLeader { .. })) => last = e.to_string(),
+                        Err(e @ TransportError::Unreachable { .. }) => last = e.to_string(),
+                        Ok(Err(e)) => {
+                            return Err(StoreError::Replication(format!(
+                                "the leader, node {id}, refused the Command: {e}"
+                            )));
+                        }
+                        Err(e) => {
+                            return Err(StoreError::Replication(format!(
+                                "forwarding to the leader, node {id}: {e}; the Command may have been applied"
+                            )));
+                        }
+                    }
+                }
+                None => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::NoLeader(format!(
+                    "no leader accepted the Command within {:?} ({last})",
+                    self.leader_wait
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Adds a node (on the leader; another node sends it there).
+    pub(crate) async fn join(&self, request: JoinRequest) -> Result<(), String> {
+        match self.leader() {
+            Some((id, _)) if id == self.id => {}
+            Some((_, addr)) => {
+                let answer: Result<Result<(), String>, TransportError> = self
+                    .transport
+                    .call(&addr, path::JOIN, &request, Duration::from_secs(60))
+                    .await;
+                return answer.map_err(|e| e.to_string())?;
+            }
+            None => return Err("no leader is known: try again once one is elected".into()),
+        }
+        let status = self.status();
+        if let Some(m) = status.members.iter().find(|m| m.id == request.id) {
+            if m.addr != request.addr {
+                return Err(format!(
+                    "node {} is a member already, at {}: remove it before adding it at {}",
+                    request.id, m.addr, request.addr
+                ));
+            }
+            if m.voter || !request.voter {
+                return Ok(());
+            }
+        } else {
+            self.raft
+                .add_learner(request.id, Node::new(request.addr.clone()), true)
+                .await
+                .map_err(|e| format!("adding node {} as a learner: {e}", request.id))?;
+        }
+        if request.voter {
+            self.raft
+                .change_membership(
+                    ChangeMembers::AddVoterIds(BTreeSet::from([request.id])),
+                    false,
+                )
+                .await
+                .map_err(|e| format!("making node {} a voter: {e}", request.id))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a node (on the leader; another node sends it there).
+    pub(crate) async fn remove(&self, request: RemoveRequest) -> Result<(), String> {
+        match self.leader() {
+            Some((id, _)) if id == self.id => {}
+            Some((_, addr)) => {
+                let answer: Result<Result<(), String>, TransportError> = self
+                    .transport
+                    .call(&addr, path::REMOVE, &request, Duration::from_secs(60))
+                    .await;
+                return answer.map_err(|e| e.to_string())?;
+            }
+            None => return Err("no leader is known: try again once one is elected".into()),
+        }
+        let status = self.status();
+        let Some(member) = status.members.iter().find(|m| m.id == request.id) else {
+            return Err(format!("node {} is not a member", request.id));
+        };
+        let voters = status.members.iter().filter(|m| m.voter).count();
+        if member.voter && voters == 1 {
+            return Err(format!(
+                "node {} is the cluster's last voter: a cluster cannot remove it",
+                request.id
+            ));
+        }
+        let change = if member.voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([request.id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([request.id]))
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| format!("removing node {}: {e}", request.id))?;
+        Ok(())
+    }
+}
+
+/// The store's proposer in a cluster (see the module's documentation).
+struct Forwarder {
+    shared: Arc<Shared>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Propose for Forwarder {
+    fn propose(&self, command: Stamped<ReplicatedCommand>, answer: ProposeAnswer) {
+        let shared = Arc::clone(&self.shared);
+        self.runtime.spawn(async move {
+            answer(shared.propose_anywhere(command).await);
+        });
+    }
+}
+
+/// A running node.
+pub struct ClusterNode {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl ClusterNode {
+    /// Starts the node on the current tokio runtime: openraft over the log
+    /// in `log_dir` and `store` (opened with `LogKeeper::Replication`),
+    /// the raft service, and the store's proposer; then bootstraps or
+    /// joins as `config.start` says.
+    pub async fn start(
+        config: ClusterConfig,
+        store: Arc<Store>,
+    ) -> Result<ClusterNode, ClusterError> {
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let addr = listener.local_addr()?;
+        let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+        let (log, _) = Log::open(&config.log_dir, LogConfig::default())?;
+        let sm = StateMachine::new(Arc::clone(&store), &config.snapshot_dir)?;
+        let raft_config = Config {
+            cluster_name: "tablix".into(),
+            heartbeat_interval: config.heartbeat_ms,
+            election_timeout_min: config.election_timeout_ms.0,
+            election_timeout_max: config.election_timeout_ms.1,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+            max_in_snapshot_log_to_keep: config.keep_behind_snapshot,
+            max_payload_entries: 16,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(raft_error)?;
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            Network::default(),
+            LogStore::new(log),
+            sm,
+        )
+        .await
+        .map_err(raft_error)?;
+        let shared = Arc::new(Shared {
+            id: config.id,
+            addr: advertise.clone(),
+            proposer: Proposer::new(raft.clone(), ProposerConfig::default()),
+            raft,
+            transport: Transport::new(),
+            leader_wait: config.leader_wait,
+        });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let router = crate::service::router(Arc::clone(&shared));
+        let server = tokio::spawn(async move {
+            let served = axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!("the raft service stopped: {e}");
+            }
+        });
+        store.set_proposer(Arc::new(Forwarder {
+            shared: Arc::clone(&shared),
+            runtime: tokio::runtime::Handle::current(),
+        }))?;
+        let node = ClusterNode {
+            shared,
+            addr,
+            stop: Some(stop),
+            server,
+        };
+        let initialized = node
+            .shared
+            .raft
+            .is_initialized()
+            .await
+            .map_err(raft_error)?;
+        match (&config.start, initialized) {
+            (_, true) | (Start::Resume, false) => {}
+            (Start::Bootstrap, false) => {
+                let members: BTreeMap<NodeId, Node> =
+                    [(config.id, Node::new(advertise.clone()))].into();
+                node.shared
+                    .raft
+                    .initialize(members)
+                    .await
+                    .map_err(raft_error)?;
+            }
+            (Start::Join(peer), false) => node.join_via(peer, &advertise, config.join_wait).await?,
+        }
+        Ok(node)
+    }
+
+    /// Asks the member at `peer` to add this node, retrying while the
+    /// cluster has no leader or `peer` cannot be reached, for up to
+    /// `wait`.
+    async fn join_via(
+        &self,
+        peer: &str,
+        advertise: &str,
+        wait: Duration,
+    ) -> Result<(), ClusterError> {
+        let request = JoinRequest {
+            id: self.shared.id,
+            addr: advertise.to_string(),
+            voter: true,
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            let answer: Result<Result<(), String>, TransportError> = self
+                .shared
+                .transport
+                .call(peer, path::JOIN, &request, Duration::from_secs(60))
+                .await;
+            match answer {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(e)) if e.starts_with("no leader") && Instant::now() < deadline => {}
+                Err(TransportError::Unreachable { .. }) if Instant::now() < deadline => {}
+                Ok(Err(e)) => {
+                    return Err(ClusterError::Membership(format!(
+                        "joining through {peer}: {e}"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The raft service's bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.shared.id
+    }
+
+    pub fn raft(&self) -> &Raft<TypeConfig> {
+        &self.shared.raft
+    }
+
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.status()
+    }
+
+    /// Proposes `command` through the leader, wherever it is.
+    pub async fn propose(
+        &self,
+        command: Stamped<ReplicatedCommand>,
+    ) -> Result<CommandReply, StoreError> {
+        self.shared.propose_anywhere(command).await
+    }
+
+    /// Adds a node (through the leader).
+    pub async fn add(&self, id: NodeId, addr: &str, voter: bool) -> Result<(), ClusterError> {
+        self.shared
+            .join(JoinRequest {
+                id,
+                addr: addr.to_string(),
+                voter,
+            })
+            .await
+            .map_err(ClusterError::Membership)
+    }
+
+    /// Removes a node (through the leader).
+    pub async fn remove(&self, id: NodeId) -> Result<(), ClusterError> {
+        self.shared
+            .remove(RemoveRequest { id })
+            .await
+            .map_err(ClusterError::Membership)
+    }
+
+    /// Stops openraft and the raft service (the store stays open: its
+    /// owner closes it, which lets go of the proposer).
+    pub async fn shutdown(mut self) -> Result<(), ClusterError> {
+        let r = self.shared.raft.shutdown().await.map_err(raft_error);
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.server).await;
+        r
+    }
+}

@@ -1,0 +1,101 @@
+//! A node's raft service: the HTTP side of `transport.rs`. Every POST
+//! carries a postcard body and is answered with a postcard
+//! `Result<answer, error>`: openraft's RPCs, proposals forwarded by other
+//! nodes, and membership requests. `GET /raft/status` answers JSON for
+//! people and tools.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::cluster::{JoinRequest, RemoveRequest, Shared};
+use crate::transport::path;
+
+/// Largest request body: a batch of entries of up to a few MiB each.
+const MAX_BODY: usize = 256 << 20;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route(path::APPEND, post(append))
+        .route(path::VOTE, post(vote))
+        .route(path::SNAPSHOT, post(snapshot))
+        .route(path::PROPOSE, post(propose))
+        .route(path::JOIN, post(join))
+        .route(path::REMOVE, post(remove))
+        .route(path::STATUS, get(status))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, String> {
+    postcard::from_bytes(body)
+        .map_err(|e| format!("the request is not what this service reads: {e}"))
+}
+
+fn bad_request(message: String) -> Response {
+    (StatusCode::BAD_REQUEST, message).into_response()
+}
+
+fn encode<T: Serialize>(answer: &T) -> Response {
+    match postcard::to_stdvec(answer) {
+        Ok(bytes) => (StatusCode::OK, bytes).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the answer: {e}"),
+        )
+            .into_response(),
+    }
+}
+
+async fn append(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode(&body) {
+        Ok(request) => encode(&s.raft.append_entries(request).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn vote(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode(&body) {
+        Ok(request) => encode(&s.raft.vote(request).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn snapshot(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode(&body) {
+        Ok(request) => encode(&s.raft.install_snapshot(request).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn propose(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode(&body) {
+        Ok(command) => encode(&s.proposer.propose_at(command).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn join(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode::<JoinRequest>(&body) {
+        Ok(request) => encode(&s.join(request).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn remove(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode::<RemoveRequest>(&body) {
+        Ok(request) => encode(&s.remove(request).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn status(State(s): State<Arc<Shared>>) -> Response {
+    axum::Json(s.status()).into_response()
+}

@@ -1,0 +1,270 @@
+//! Nodes on loopback with real sockets: bootstrap, join, writes through
+//! any node (forwarded to the leader and visible on the node that took
+//! them when they return), failover, restart, removal, and a new node
+//! brought up by a snapshot after the log was compacted.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tablix_raft::{ClusterConfig, ClusterNode, Start};
+use tablix_store::{LogKeeper, ReplicatedCommand, Stamp, Stamped, Store, StoreConfig, Value};
+
+use super::{file, make_file, rows, runtime, sql};
+
+const LOOPBACK: &str = "127.0.0.1:0";
+
+fn stamped(n: i64, command: ReplicatedCommand) -> Stamped<ReplicatedCommand> {
+    Stamped::new(
+        Stamp {
+            unix_nanos: 1_700_000_000_000_000_000 + n,
+            seed: n as u64,
+        },
+        command,
+    )
+}
+
+/// Starts node `id` with its data in `dir`.
+async fn start(
+    id: u64,
+    dir: &Path,
+    start: Start,
+    snapshot_every: u64,
+) -> (ClusterNode, Arc<Store>) {
+    let mut config = StoreConfig::new(dir.join("data"));
+    config.log_keeper = LogKeeper::Replication;
+    let store = Arc::new(Store::open(config).unwrap());
+    let listen: SocketAddr = LOOPBACK.parse().unwrap();
+    let mut cluster = ClusterConfig::new(id, listen, dir);
+    cluster.start = start;
+    cluster.snapshot_every = snapshot_every;
+    cluster.keep_behind_snapshot = 0;
+    let node = ClusterNode::start(cluster, Arc::clone(&store))
+        .await
+        .unwrap();
+    (node, store)
+}
+
+/// Starts node `id` again where it ran before (same address).
+async fn restart(id: u64, dir: &Path, addr: SocketAddr) -> (ClusterNode, Arc<Store>) {
+    let mut config = StoreConfig::new(dir.join("data"));
+    config.log_keeper = LogKeeper::Replication;
+    let store = Arc::new(Store::open(config).unwrap());
+    let node = ClusterNode::start(ClusterConfig::new(id, addr, dir), Arc::clone(&store))
+        .await
+        .unwrap();
+    (node, store)
+}
+
+/// Waits until `check` holds, for up to 20 s.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(store: &Store) -> i64 {
+    match rows(store, "SELECT count(*) FROM t")[0][0] {
+        Value::Integer(n) => n,
+        ref other => panic!("{other:?}"),
+    }
+}
+
+async fn stop(node: ClusterNode, store: Arc<Store>) {
+    node.shutdown().await.unwrap();
+    store.close().unwrap();
+}
+
+#[test]
+fn three_nodes_take_writes_through_any_node_and_survive_losing_the_leader() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let mut nodes = Vec::new();
+        let first = start(1, dirs[0].path(), Start::Bootstrap, 5000).await;
+        let seed = first.0.addr().to_string();
+        eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
+        nodes.push(first);
+        for id in 2..=3u64 {
+            nodes.push(
+                start(
+                    id,
+                    dirs[id as usize - 1].path(),
+                    Start::Join(seed.clone()),
+                    5000,
+                )
+                .await,
+            );
+        }
+        for (node, _) in &nodes {
+            eventually("three voters everywhere", || {
+                let s = node.status();
+                s.members.iter().filter(|m| m.voter).count() == 3 && s.leader == Some(1)
+            })
+            .await;
+        }
+        // SQL through a follower's store: forwarded, and applied there
+        // before it returns.
+        let (_, follower) = &nodes[1];
+        follower
+            .submit_sql(
+                Stamped::new(
+                    Stamp::now(),
+                    match sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]) {
+                        ReplicatedCommand::Sql(s) => s,
+                        _ => unreachable!(),
+                    },
+                ),
+                follower.config().write_limits(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(count(follower), 1, "the follower applied its own write");
+        // A file made through another follower's store.
+        let (_, other) = &nodes[2];
+        let made = other
+            .submit_fs(Stamped::new(
+                Stamp::now(),
+                match make_file("f") {
+                    ReplicatedCommand::Fs(op) => op,
+                    _ => unreachable!(),
+                },
+            ))
+            .await
+            .unwrap();
+        let ino = match made {
+            Ok(tablix_fs::FsReply::Attr(a)) => a.ino,
+            other => panic!("{other:?}"),
+        };
+        other
+            .submit_fs(Stamped::new(
+                Stamp::now(),
+                tablix_fs::FsOp::Write {
+                    ino,
+                    offset: 0,
+                    data: b"written on node 3".to_vec(),
+                    kill_suidgid: false,
+                },
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        for (_, store) in &nodes {
+            eventually("the file on every node", || {
+                store
+                    .read(|c| tablix_fs::read::lookup(c, 1, b"f").is_ok())
+                    .unwrap()
+                    && file(store, "f") == b"written on node 3"
+            })
+            .await;
+            eventually("the row on every node", || count(store) == 1).await;
+        }
+
+        // The leader goes; the others elect one and writes go on.
+        let (leader, leader_store) = nodes.remove(0);
+        let leader_addr = leader.addr();
+        stop(leader, leader_store).await;
+        let lost = Instant::now();
+        let (survivor, survivor_store) = &nodes[0];
+        survivor
+            .propose(stamped(10, sql(&["INSERT INTO t VALUES (2)"])))
+            .await
+            .unwrap();
+        let failover = lost.elapsed();
+        assert!(
+            failover < Duration::from_secs(10),
+            "the first write after losing the leader took {failover:?}"
+        );
+        assert_eq!(count(survivor_store), 2);
+        let new_leader = survivor.status().leader.unwrap();
+        assert_ne!(new_leader, 1);
+
+        // The old leader comes back and catches up.
+        let back = restart(1, dirs[0].path(), leader_addr).await;
+        eventually("node 1 caught up", || count(&back.1) == 2).await;
+        nodes.push(back);
+
+        // Removing a node: the others keep going without it.
+        let (n1, _) = &nodes[0];
+        n1.remove(3).await.unwrap();
+        for (node, _) in nodes.iter().filter(|(n, _)| n.id() != 3) {
+            eventually("node 3 gone", || {
+                node.status().members.iter().all(|m| m.id != 3)
+            })
+            .await;
+        }
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
+    });
+}
+
+#[test]
+fn a_node_joining_after_compaction_is_brought_up_by_a_snapshot() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let (a, a_store) = start(1, dirs[0].path(), Start::Bootstrap, 10).await;
+        eventually("node 1 to lead", || a.status().leader == Some(1)).await;
+        a.propose(stamped(0, sql(&["CREATE TABLE t(x)"])))
+            .await
+            .unwrap();
+        for n in 1..=40 {
+            a.propose(stamped(n, sql(&[&format!("INSERT INTO t VALUES ({n})")])))
+                .await
+                .unwrap();
+        }
+        eventually("a snapshot and a purged log", || {
+            a.status().snapshot_index.is_some_and(|i| i >= 20)
+        })
+        .await;
+        let (b, b_store) = start(2, dirs[1].path(), Start::Join(a.addr().to_string()), 5000).await;
+        eventually("node 2 holds every row", || count(&b_store) == 40).await;
+        assert!(
+            b.status().snapshot_index.is_some(),
+            "node 2 was brought up by a snapshot: {:?}",
+            b.status()
+        );
+        assert_eq!(
+            rows(&b_store, "SELECT sum(x) FROM t"),
+            vec![vec![Value::Integer((1..=40).sum())]]
+        );
+        // Removing the last voter is refused.
+        b.remove(2).await.unwrap();
+        let refused = a.remove(1).await.unwrap_err().to_string();
+        assert!(refused.contains("last voter"), "{refused}");
+        stop(b, b_store).await;
+        stop(a, a_store).await;
+    });
+}
+
+#[test]
+fn joining_through_an_address_where_no_node_listens_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let mut config = StoreConfig::new(dir.path().join("data"));
+        config.log_keeper = LogKeeper::Replication;
+        let store = Arc::new(Store::open(config).unwrap());
+        // A port nothing listens on: bound, then released.
+        let free = std::net::TcpListener::bind(LOOPBACK)
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut cluster = ClusterConfig::new(7, LOOPBACK.parse().unwrap(), dir.path());
+        cluster.start = Start::Join(free.to_string());
+        cluster.join_wait = Duration::from_secs(2);
+        let started = Instant::now();
+        let e = ClusterNode::start(cluster, Arc::clone(&store)).await;
+        let e = match e {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("joined through {free}"),
+        };
+        assert!(
+            e.contains(&free.to_string()) && e.contains("unreachable"),
+            "{e}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30));
+        store.close().unwrap();
+    });
+}
