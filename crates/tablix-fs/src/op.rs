@@ -165,3 +165,81 @@ pub enum FsReply {
     /// What a check found.
     Checked(crate::check::Report),
 }
+
+/// What an applied operation may have made stale in a kernel's caches of
+/// the file system: what a node whose kernel did not see the operation
+/// (it came through another node, or through SQL) must invalidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Touched {
+    /// The name `name` in directory `parent` (a cached lookup of it, or
+    /// of its absence).
+    Entry { parent: Ino, name: Vec<u8> },
+    /// The inode's attributes.
+    Attr(Ino),
+    /// The inode's attributes and `len` bytes of its data from `offset`
+    /// (`len` 0: to the end).
+    Data { ino: Ino, offset: u64, len: u64 },
+}
+
+impl FsOp {
+    /// What applying this operation may have made stale in caches of it.
+    pub fn touched(&self) -> Vec<Touched> {
+        let entry = |parent: &Ino, name: &[u8]| Touched::Entry {
+            parent: *parent,
+            name: name.to_vec(),
+        };
+        match self {
+            FsOp::Mount { .. } | FsOp::Check { .. } => Vec::new(),
+            FsOp::MakeNode { parent, name, .. }
+            | FsOp::Symlink { parent, name, .. }
+            | FsOp::Unlink { parent, name }
+            | FsOp::Rmdir { parent, name } => vec![entry(parent, name), Touched::Attr(*parent)],
+            FsOp::Link { ino, parent, name } => vec![
+                entry(parent, name),
+                Touched::Attr(*parent),
+                Touched::Attr(*ino),
+            ],
+            FsOp::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                ..
+            } => vec![
+                entry(parent, name),
+                entry(new_parent, new_name),
+                Touched::Attr(*parent),
+                Touched::Attr(*new_parent),
+            ],
+            FsOp::SetAttr { ino, attr } => match attr.size {
+                Some(_) => vec![Touched::Data {
+                    ino: *ino,
+                    offset: 0,
+                    len: 0,
+                }],
+                None => vec![Touched::Attr(*ino)],
+            },
+            FsOp::Write {
+                ino, offset, data, ..
+            } => vec![Touched::Data {
+                ino: *ino,
+                offset: *offset,
+                len: data.len() as u64,
+            }],
+            FsOp::Fallocate {
+                ino,
+                offset,
+                length,
+                ..
+            } => vec![Touched::Data {
+                ino: *ino,
+                offset: *offset,
+                len: *length,
+            }],
+            FsOp::SetXattr { ino, .. } | FsOp::RemoveXattr { ino, .. } => {
+                vec![Touched::Attr(*ino)]
+            }
+            FsOp::Reclaim { inodes } => inodes.iter().map(|i| Touched::Attr(*i)).collect(),
+        }
+    }
+}

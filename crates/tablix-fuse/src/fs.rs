@@ -47,25 +47,34 @@ pub struct TablixFs {
     pipes: Arc<Pipes>,
     /// Set when the kernel ends the session (the file system was unmounted).
     ended: Arc<AtomicBool>,
+    /// The changes this mount has in flight (their caches need no notice).
+    in_flight: Arc<crate::invalidate::InFlight>,
 }
 
 const GENERATION: Generation = Generation(0);
 
 impl TablixFs {
-    pub fn new(store: Arc<Store>, config: FsConfig, ended: Arc<AtomicBool>) -> TablixFs {
+    pub(crate) fn new(
+        store: Arc<Store>,
+        config: FsConfig,
+        ended: Arc<AtomicBool>,
+        in_flight: Arc<crate::invalidate::InFlight>,
+    ) -> TablixFs {
         TablixFs {
             pipes: Pipes::new(Arc::clone(&store), config.ttl),
             store,
             config,
             ended,
+            in_flight,
         }
     }
 
     /// Applies `op` as a Command: durable on return in sync mode, applied
     /// and flushed within the interval in async mode.
     fn change(&self, op: FsOp) -> Result<FsReply, Errno> {
-        self.store
-            .apply_fs_now(Stamp::now(), op)
+        let stamp = Stamp::now();
+        self.in_flight
+            .during(stamp.seed, || self.store.apply_fs_now(stamp, op))
             .map_err(|e| store_errno(&e))?
     }
 

@@ -5,7 +5,9 @@
 //! * [`mount`]: mounting with the options tablix needs (multi-threaded,
 //!   large writes, readdirplus, kernel caching, writeback cache in async
 //!   mode), clearing a stale mount left by a crashed run, and unmounting;
-//! * [`errno`]: the one mapping from store failures to an errno.
+//! * [`errno`]: the one mapping from store failures to an errno;
+//! * `invalidate`: on a cluster node, FUSE invalidation notices for the
+//!   changes replication applies that this kernel did not see.
 //!
 //! Architecture invariant: no handler changes state except by submitting a
 //! an `FsOp` Command to the store, and every handler sends exactly one reply.
@@ -13,6 +15,7 @@
 mod attr;
 pub mod errno;
 mod fs;
+mod invalidate;
 mod mount;
 mod pipes;
 mod route;

@@ -6,9 +6,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use tablix_fs::FsOp;
-use tablix_store::{Stamp, Store};
+use tablix_store::{LogKeeper, Stamp, Store};
 
 use crate::fs::{FsConfig, TablixFs};
+use crate::invalidate::InFlight;
+
+/// Invalidation notices waiting for the kernel, at most.
+const INVALIDATIONS_QUEUED: usize = 8192;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -154,7 +158,13 @@ fn prepare_clearing(path: &Path, attempts: usize) -> Result<PathBuf, MountError>
         path: path.to_path_buf(),
         source,
     })?;
-    match std::fs::metadata(&abs) {
+    // statfs always reaches a FUSE daemon; stat of the root may be
+    // answered from the kernel's cached attributes even when the daemon
+    // is gone (a node restarted at once after SIGKILL).
+    let probe = nix::sys::statfs::statfs(&abs)
+        .map_err(std::io::Error::from)
+        .and_then(|_| std::fs::metadata(&abs));
+    match probe {
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
             if attempts == 0 {
                 return Err(MountError::Stale {
@@ -226,12 +236,32 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let ended = Arc::new(AtomicBool::new(false));
-    let fs = TablixFs::new(store, options.fs, Arc::clone(&ended));
+    let in_flight = Arc::new(InFlight::default());
+    let replicated = store.config().log_keeper == LogKeeper::Replication;
+    let fs = TablixFs::new(
+        Arc::clone(&store),
+        options.fs,
+        Arc::clone(&ended),
+        Arc::clone(&in_flight),
+    );
     let session =
         fuser::spawn_mount(fs, &mountpoint, &config).map_err(|source| MountError::Fuse {
             path: mountpoint.clone(),
             source,
         })?;
+    if replicated {
+        // Changes this kernel did not see come from replication.
+        let (tx, rx) = std::sync::mpsc::sync_channel(INVALIDATIONS_QUEUED);
+        store.watch_fs(tx);
+        let notifier = session.notifier();
+        std::thread::Builder::new()
+            .name("tablix-fuse-inval".into())
+            .spawn(move || crate::invalidate::run(rx, notifier, in_flight))
+            .map_err(|source| MountError::Fuse {
+                path: mountpoint.clone(),
+                source,
+            })?;
+    }
     Ok(Mounted {
         session: Some(session),
         mountpoint,

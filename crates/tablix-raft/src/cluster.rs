@@ -27,6 +27,11 @@ use crate::transport::{Network, Transport, TransportError, path};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::{LogStore, StateMachine};
 
+/// Where in a data directory a node keeps its raft log.
+pub const LOG_DIR: &str = "raft-log";
+/// Where in a data directory a node keeps its snapshots.
+pub const SNAPSHOT_DIR: &str = "snapshots";
+
 /// How a node comes up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -73,15 +78,15 @@ impl ClusterConfig {
             id,
             listen,
             advertise: None,
-            log_dir: data.join("raft-log"),
-            snapshot_dir: data.join("snapshots"),
+            log_dir: data.join(LOG_DIR),
+            snapshot_dir: data.join(SNAPSHOT_DIR),
             start: Start::Resume,
             leader_wait: Duration::from_secs(5),
             join_wait: Duration::from_secs(60),
             snapshot_every: 5000,
             keep_behind_snapshot: 1000,
-            heartbeat_ms: 150,
-            election_timeout_ms: (500, 1000),
+            heartbeat_ms: 50,
+            election_timeout_ms: (300, 900),
         }
     }
 }
@@ -155,6 +160,9 @@ pub(crate) struct Shared {
     pub(crate) proposer: Proposer,
     pub(crate) transport: Transport,
     pub(crate) leader_wait: Duration,
+    /// Held by the leader through a membership change: openraft refuses a
+    /// change while another is in progress, and nodes join concurrently.
+    pub(crate) changing: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -283,6 +291,7 @@ impl Shared {
             }
             None => return Err("no leader is known: try again once one is elected".into()),
         }
+        let _turn = self.changing.lock().await;
         let status = self.status();
         if let Some(m) = status.members.iter().find(|m| m.id == request.id) {
             if m.addr != request.addr {
@@ -325,6 +334,7 @@ impl Shared {
             }
             None => return Err("no leader is known: try again once one is elected".into()),
         }
+        let _turn = self.changing.lock().await;
         let status = self.status();
         let Some(member) = status.members.iter().find(|m| m.id == request.id) else {
             return Err(format!("node {} is not a member", request.id));
@@ -347,6 +357,53 @@ impl Shared {
             .map_err(|e| format!("removing node {}: {e}", request.id))?;
         Ok(())
     }
+}
+
+/// Breaks runs of split votes. Openraft 0.9 draws a node's election
+/// timeout once, at start, and checks it on a tick (1.5 heartbeats): two
+/// nodes whose timeouts fall in one tick, started together, stand as
+/// candidates in the same ticks term after term and never elect (seen
+/// with three daemons started by one shell loop). A node that stands
+/// twice in a row without a leader sits out a random part of the longest
+/// timeout, granting votes meanwhile, so another can win.
+async fn break_split_votes(raft: Raft<TypeConfig>, longest_ms: u64) {
+    let mut metrics = raft.metrics();
+    let mut stood = 0u32;
+    let mut last_term = 0;
+    while metrics.changed().await.is_ok() {
+        let (state, term) = {
+            let m = metrics.borrow();
+            (m.state, m.current_term)
+        };
+        if state != ServerState::Candidate {
+            stood = 0;
+            continue;
+        }
+        if term != last_term {
+            last_term = term;
+            stood += 1;
+        }
+        if stood >= 2 {
+            stood = 0;
+            let pause = Duration::from_millis(random_below(longest_ms.max(1)));
+            tracing::debug!("two elections in a row without a leader: sitting out {pause:?}");
+            raft.runtime_config().elect(false);
+            tokio::time::sleep(pause).await;
+            raft.runtime_config().elect(true);
+        }
+    }
+}
+
+/// A number in `0..n`, different in every process and call.
+fn random_below(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() % n
 }
 
 /// The store's proposer in a cluster (see the module's documentation).
@@ -414,7 +471,12 @@ impl ClusterNode {
             raft,
             transport: Transport::new(),
             leader_wait: config.leader_wait,
+            changing: tokio::sync::Mutex::new(()),
         });
+        tokio::spawn(break_split_votes(
+            shared.raft.clone(),
+            config.election_timeout_ms.1,
+        ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = crate::service::router(Arc::clone(&shared));
         let server = tokio::spawn(async move {

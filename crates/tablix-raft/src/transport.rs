@@ -148,6 +148,48 @@ impl Transport {
     }
 }
 
+impl Transport {
+    /// The status of the node whose raft service is at `addr`.
+    pub async fn status(
+        &self,
+        addr: &str,
+        ttl: Duration,
+    ) -> Result<crate::ClusterStatus, TransportError> {
+        let agent = self.agent.clone();
+        let addr = addr.to_string();
+        tokio::task::spawn_blocking(move || {
+            let fail = |e: &dyn std::fmt::Display| TransportError::Unreachable {
+                addr: addr.clone(),
+                message: e.to_string(),
+            };
+            let mut response = agent
+                .get(&format!("http://{addr}{}", path::STATUS))
+                .config()
+                .timeout_global(Some(ttl))
+                .build()
+                .call()
+                .map_err(|e| fail(&e))?;
+            let body = response
+                .body_mut()
+                .with_config()
+                .limit(MAX_ANSWER)
+                .read_to_vec()
+                .map_err(|e| fail(&e))?;
+            serde_json::from_slice(&body).map_err(|e| TransportError::NoAnswer {
+                addr: addr.clone(),
+                message: format!("not a raft service's status: {e}"),
+            })
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(TransportError::NoAnswer {
+                addr: String::new(),
+                message: format!("the request's task failed: {e}"),
+            })
+        })
+    }
+}
+
 /// Openraft's network: a [`Peer`] per target node, at the address its
 /// membership records.
 #[derive(Clone, Default)]

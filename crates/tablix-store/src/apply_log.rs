@@ -208,6 +208,21 @@ enum Item {
     Record(Option<Vec<u8>>),
 }
 
+/// A file-system Command replication applied: what it may have made
+/// stale in a kernel's caches, for the mount of this node to invalidate
+/// unless the Command came through that mount (its stamp's seed says).
+#[derive(Clone, Debug)]
+pub struct FsApplied {
+    pub seed: u64,
+    pub touched: Vec<tablix_fs::Touched>,
+}
+
+/// Where the applied file-system Commands are told. Bounded: when the
+/// watcher falls behind, notes are dropped with a warning, never waited
+/// for: the writer must not wait on a kernel that may be waiting on it.
+pub(crate) type FsWatch =
+    std::sync::Arc<std::sync::Mutex<Option<std::sync::mpsc::SyncSender<FsApplied>>>>;
+
 /// Where entries are applied and under which bounds.
 pub(crate) struct Appliers<'a> {
     pub(crate) fs: &'a FsWriter,
@@ -217,6 +232,30 @@ pub(crate) struct Appliers<'a> {
     /// Most bytes of results one SQL group holds.
     pub(crate) budget: usize,
     pub(crate) probe: &'a WriteProbe,
+    /// Told each applied file-system Command, if set.
+    pub(crate) watch: Option<&'a FsWatch>,
+}
+
+impl Appliers<'_> {
+    fn tell(&self, applied: &[&Stamped<FsOp>]) {
+        let Some(watch) = self.watch else { return };
+        let Ok(slot) = watch.lock() else { return };
+        let Some(tx) = slot.as_ref() else { return };
+        for c in applied {
+            let note = FsApplied {
+                seed: c.stamp.seed,
+                touched: c.command.touched(),
+            };
+            if note.touched.is_empty() {
+                continue;
+            }
+            if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(note) {
+                tracing::warn!(
+                    "the mount's cache invalidations fall behind: one is dropped, and the kernel may show stale data until its cache times out"
+                );
+            }
+        }
+    }
 }
 
 /// Why applying stopped: the first entry not wholly applied and the
@@ -395,6 +434,13 @@ fn commit_run(
                     .apply_group(&group, |conn, n| marks[base + n - 1].record(conn), to.probe)
                     .map_err(|e| halted(done, e))?;
                 let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
+                let changed: Vec<&Stamped<FsOp>> = group[..results.len()]
+                    .iter()
+                    .zip(&results)
+                    .filter(|(_, r)| matches!(r, Ok(Ok(_))))
+                    .map(|(c, _)| *c)
+                    .collect();
+                to.tell(&changed);
                 for (m, r) in marks[done..next].iter().zip(results) {
                     let reply = match r {
                         Ok(r) => CommandReply::Fs(r),

@@ -439,6 +439,7 @@ pub(crate) fn replay(
         limits: &limits,
         budget: config.max_result_bytes,
         probe: &config.write_probe,
+        watch: None,
     };
     let entries = entries
         .into_iter()

@@ -50,7 +50,7 @@ mod wal;
 mod write_point;
 mod writer;
 
-pub use apply_log::{AppliedState, CommandReply, EntryPayload, EntryReply, LogEntry};
+pub use apply_log::{AppliedState, CommandReply, EntryPayload, EntryReply, FsApplied, LogEntry};
 pub use budget::{Cancel, Limits};
 pub use command::{
     DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,

@@ -17,7 +17,7 @@ use tablix_fs::FsOp;
 use tablix_pipe::PipeOp;
 use tablix_proc::ProcOp;
 
-use crate::apply_log::{AppliedState, CommandReply, EntryReply, LogEntry};
+use crate::apply_log::{AppliedState, CommandReply, EntryReply, FsApplied, FsWatch, LogEntry};
 use crate::command::{DaemonRecord, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement};
 use crate::command_log::{self, CommandLog};
 use crate::config::{LogKeeper, StoreConfig};
@@ -113,6 +113,7 @@ pub struct Store {
     /// With `LogKeeper::Replication`: where proposed Commands go while
     /// replication runs (it holds the store: `close` lets it go).
     proposer: std::sync::RwLock<Option<Arc<dyn Propose>>>,
+    fs_watch: FsWatch,
     _lock: DirLock,
 }
 
@@ -233,6 +234,7 @@ impl Store {
         let log = Arc::new(Mutex::new(log));
         let counters = Arc::new(Counters::default());
         let (tx, rx) = mpsc::channel();
+        let fs_watch: FsWatch = Arc::new(Mutex::new(None));
         let writer = Writer {
             fs: Arc::clone(&fs),
             sql,
@@ -241,6 +243,7 @@ impl Store {
             config: config.clone(),
             counters: Arc::clone(&counters),
             wal: WalFile::of(&config.database_path()),
+            fs_watch: Arc::clone(&fs_watch),
         };
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())
@@ -258,6 +261,7 @@ impl Store {
             watchdog,
             counters,
             proposer: std::sync::RwLock::new(None),
+            fs_watch,
             _lock: lock,
         })
     }
@@ -356,6 +360,15 @@ impl Store {
 
     fn proposer(&self) -> Option<Arc<dyn Propose>> {
         self.proposer.read().ok().and_then(|p| p.clone())
+    }
+
+    /// Tells `tx` of every file-system Command replication applies from
+    /// now on (replacing whoever was told before), without waiting: a
+    /// note that finds `tx` full is dropped.
+    pub fn watch_fs(&self, tx: std::sync::mpsc::SyncSender<FsApplied>) {
+        if let Ok(mut slot) = self.fs_watch.lock() {
+            *slot = Some(tx);
+        }
     }
 
     /// Refuses Commands proposed to a store whose log replication keeps
@@ -613,6 +626,9 @@ impl Store {
     pub fn close(&self) -> Result<(), StoreError> {
         if let Ok(mut p) = self.proposer.write() {
             p.take();
+        }
+        if let Ok(mut w) = self.fs_watch.lock() {
+            w.take();
         }
         if let Ok(mut tx) = self.tx.lock() {
             tx.take();

@@ -63,6 +63,8 @@ pub(crate) struct Writer {
     pub(crate) config: StoreConfig,
     pub(crate) counters: Arc<Counters>,
     pub(crate) wal: WalFile,
+    /// Told the file-system Commands replication applies.
+    pub(crate) fs_watch: crate::apply_log::FsWatch,
 }
 
 impl Writer {
@@ -444,6 +446,7 @@ impl Writer {
             limits: &limits,
             budget: self.config.max_result_bytes,
             probe: &probe,
+            watch: Some(&self.fs_watch),
         };
         let r = apply_log::apply(&to, entries, |id| log.applied_to(id));
         Counters::add(&self.counters.batches, 1);

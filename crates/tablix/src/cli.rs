@@ -22,6 +22,8 @@ pub enum Command {
     Up(UpArgs),
     /// Run SQL against a running daemon (a shell modelled on sqlite3).
     Sql(SqlArgs),
+    /// Look at and change a cluster's members through any node.
+    Cluster(ClusterArgs),
     /// Run a benchmark and print figures as ratios against a baseline.
     Bench(BenchArgs),
     /// Check the file system of a data directory (the daemon must be
@@ -226,9 +228,83 @@ pub struct UpArgs {
     /// Most HTTP requests served at once; more wait their turn.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_requests: u64,
+    /// This node's id in a cluster (a number other than 0, unique in the
+    /// cluster). With --raft: the daemon is a node of a Raft cluster.
+    #[arg(long, value_name = "ID", requires = "raft", value_parser = clap::value_parser!(u64).range(1..))]
+    pub node_id: Option<u64>,
+    /// Address of this node's raft service, which other nodes reach
+    /// (port 0 picks a free one). Needs --node-id.
+    #[arg(long, value_name = "ADDR", requires = "node_id")]
+    pub raft: Option<SocketAddr>,
+    /// The address other nodes reach --raft at, when it differs (behind
+    /// NAT, or --raft on 0.0.0.0).
+    #[arg(long, value_name = "HOST:PORT", requires = "raft")]
+    pub raft_advertise: Option<String>,
+    /// Found a new cluster with this node its only voter (the first
+    /// start only; a node that is a member already ignores it).
+    #[arg(long, requires = "raft", conflicts_with = "join")]
+    pub bootstrap: bool,
+    /// Ask the member whose raft service is at HOST:PORT to add this node
+    /// (the first start only).
+    #[arg(long, value_name = "HOST:PORT", requires = "raft")]
+    pub join: Option<String>,
+    /// Serve --raft on an address other machines can reach although
+    /// node-to-node traffic is not encrypted or authenticated yet: anyone
+    /// who reaches it can change the cluster. Not recommended.
+    #[arg(long, requires = "raft")]
+    pub insecure_raft: bool,
+    /// Take a snapshot (and compact the log behind it) every this many
+    /// applied entries.
+    #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub snapshot_every: u64,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterArgs {
+    /// Raft service of any node of the cluster.
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        default_value = "127.0.0.1:4002",
+        global = true
+    )]
+    pub raft: String,
+    #[command(subcommand)]
+    pub action: ClusterAction,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ClusterAction {
+    /// The cluster as the node at --raft sees it: members, leader, term,
+    /// log and applied indexes.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a node as a voter (it is brought up to date first).
+    Add {
+        #[arg(value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+        id: u64,
+        /// The node's raft address.
+        #[arg(value_name = "HOST:PORT")]
+        addr: String,
+    },
+    /// Add a node as a learner: it receives the log and votes in nothing.
+    AddLearner {
+        #[arg(value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+        id: u64,
+        #[arg(value_name = "HOST:PORT")]
+        addr: String,
+    },
+    /// Remove a node (never the last voter).
+    Remove {
+        #[arg(value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+        id: u64,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -217,10 +217,23 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
         bail!("{} holds no tablix database", data.display());
     }
     let lock = NoDaemon::take(&data)?;
+    let cluster_node = data.join(tablix_raft::LOG_DIR).exists();
     let progress = Progress::new("tablix fsck");
     let (report, log) = {
         let (mut conn, _copy) = open_read_only(&db)?;
-        let log = check_log(&data, &conn)?;
+        let log = if cluster_node {
+            println!(
+                "a node of a cluster: its log is replication's ({}), which the cluster checks",
+                data.join(tablix_raft::LOG_DIR).display()
+            );
+            LogCheck {
+                repairable: Vec::new(),
+                repairs: Vec::new(),
+                unrepairable: Vec::new(),
+            }
+        } else {
+            check_log(&data, &conn)?
+        };
         progress.watch(&mut conn)?;
         let mut phase = |p: tablix_fs::check::Progress| progress.at(p.phase, p.done, p.total);
         let report = tablix_fs::check::check(
@@ -246,6 +259,13 @@ fn check(args: &FsckArgs) -> anyhow::Result<u8> {
     }
     if args.no_repair {
         println!("{problems} problems, not repaired (-n; run without it to repair)");
+        return Ok(UNCORRECTED);
+    }
+    if cluster_node {
+        println!(
+            "{problems} problems, not repaired: a cluster node's state changes only through the cluster's log; remove the node from the cluster, move {} aside, and add the node back (a snapshot brings it up)",
+            data.display()
+        );
         return Ok(UNCORRECTED);
     }
     let damaged_tree = report.problems.iter().any(|p| p.starts_with("1:"));

@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod cluster;
 mod discovery;
 mod fsck;
 mod mount_helper;
@@ -30,6 +31,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Up(args) => up::run(args),
         cli::Command::Sql(args) => sql::run(args),
+        cli::Command::Cluster(args) => cluster::run(args),
         cli::Command::Bench(args) => bench::run(args),
         cli::Command::Fsck(args) => fsck::run(args),
         cli::Command::Pipe(args) => pipe::run(args),

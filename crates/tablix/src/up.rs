@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router};
-use tablix_store::{DaemonRecord, Durability, Store, StoreConfig};
+use tablix_raft::{ClusterConfig, ClusterNode, Start};
+use tablix_store::{DaemonRecord, Durability, LogKeeper, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{ModeArg, UpArgs};
@@ -54,6 +55,73 @@ fn check_exposure(args: &UpArgs, auth: &AuthFile) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The cluster settings the flags give (none without --raft). A raft
+/// service other machines can reach is refused unless forced: node-to-node
+/// traffic is neither encrypted nor authenticated yet.
+fn cluster_config(args: &UpArgs, data: &Path) -> anyhow::Result<Option<ClusterConfig>> {
+    let (Some(id), Some(listen)) = (args.node_id, args.raft) else {
+        return Ok(None);
+    };
+    if args.mode == ModeArg::Async {
+        bail!(
+            "--mode async is not available on a cluster node: a replicated write is acknowledged once a majority has it; drop --mode async"
+        );
+    }
+    if !listen.ip().is_loopback() {
+        if !args.insecure_raft {
+            bail!(
+                "--raft {listen} can be reached from other machines, and node-to-node traffic is not encrypted or authenticated yet: bind a loopback address, or pass --insecure-raft to do it anyway"
+            );
+        }
+        tracing::warn!(
+            "serving the raft service on {listen} without TLS (--insecure-raft): anyone who reaches it can read the log and change the cluster"
+        );
+    }
+    let mut config = ClusterConfig::new(id, listen, data);
+    config.advertise = args.raft_advertise.clone();
+    config.snapshot_every = args.snapshot_every;
+    config.start = match (&args.join, args.bootstrap) {
+        (Some(peer), _) => Start::Join(peer.clone()),
+        (None, true) => Start::Bootstrap,
+        (None, false) => Start::Resume,
+    };
+    Ok(Some(config))
+}
+
+/// Starts this node of the cluster and, when the daemon mounts, waits for
+/// a leader: mounting is a replicated write.
+async fn start_node(
+    config: ClusterConfig,
+    store: Arc<Store>,
+    mounting: bool,
+) -> anyhow::Result<ClusterNode> {
+    let start = config.start.clone();
+    let node = ClusterNode::start(config, store)
+        .await
+        .context("starting this node of the cluster")?;
+    if mounting && node.status().leader.is_none() {
+        tracing::info!("waiting for the cluster to have a leader before mounting");
+        let waited = node
+            .raft()
+            .wait(Some(LEADER_WAIT))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await;
+        if waited.is_err() {
+            let hint = match start {
+                Start::Resume => {
+                    " (a new node needs --bootstrap or --join; a member needs a majority of its cluster running)"
+                }
+                _ => "",
+            };
+            bail!("no leader within {LEADER_WAIT:?}: the file system cannot be mounted{hint}");
+        }
+    }
+    Ok(node)
+}
+
+/// How long a cluster node waits for a leader before giving up mounting.
+const LEADER_WAIT: Duration = Duration::from_secs(60);
+
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter({
@@ -67,6 +135,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             // (someone ran umount): expected, not news, unless asked for.
             if !chosen.contains("fuser")
                 && let Ok(quiet) = "fuser::mnt=error".parse()
+            {
+                filter = filter.add_directive(quiet);
+            }
+            // openraft narrates every vote and membership step at info;
+            // its warnings and errors are what an operator needs.
+            if !chosen.contains("openraft")
+                && let Ok(quiet) = "openraft=warn".parse()
             {
                 filter = filter.add_directive(quiet);
             }
@@ -104,7 +179,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         ModeArg::Sync => Durability::Sync,
         ModeArg::Async => Durability::Async,
     };
+    let cluster = cluster_config(&args, &data)?;
     let mut config = StoreConfig::new(&data);
+    if cluster.is_some() {
+        config.log_keeper = LogKeeper::Replication;
+    }
     config.durability = durability;
     config.flush_interval = Duration::from_millis(args.flush_interval_ms);
     config.readers = args.readers as usize;
@@ -123,6 +202,25 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let node = match cluster {
+        Some(c) => {
+            let started =
+                runtime.block_on(start_node(c, Arc::clone(&store), args.mountpoint.is_some()));
+            match started {
+                Ok(node) => Some(node),
+                Err(e) => {
+                    runtime.shutdown_timeout(RUNTIME_GRACE);
+                    store.close()?;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
+    let raft_note = node
+        .as_ref()
+        .map(|n| format!(" node={} raft={}", n.id(), n.addr()))
+        .unwrap_or_default();
     let result = runtime.block_on(serve(
         Arc::clone(&store),
         &args,
@@ -130,6 +228,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         durability,
         auth,
         tls,
+        &raft_note,
     ));
     DaemonFile::remove(&data);
     let result = match result {
@@ -139,6 +238,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };
+    // The node stops after the mount: unmounting writes through it.
+    if let Some(node) = node
+        && let Err(e) = runtime.block_on(node.shutdown())
+    {
+        tracing::warn!("stopping this node of the cluster: {e}");
+    }
     // Blocking tasks still running (a client that stopped reading) must not
     // keep the daemon.
     runtime.shutdown_timeout(RUNTIME_GRACE);
@@ -160,6 +265,7 @@ async fn serve(
     durability: Durability,
     auth: AuthFile,
     tls: Option<tablix_api::TlsAcceptor>,
+    raft_note: &str,
 ) -> anyhow::Result<Option<tablix_fuse::Mounted>> {
     let has_tls = tls.is_some();
     let tcp = Endpoint::tcp(args.http, tls).await.map_err(|e| {
@@ -226,7 +332,7 @@ async fn serve(
         .map(|m| format!(" mount={}", m.mountpoint().display()))
         .unwrap_or_default();
     println!(
-        "tablix ready: http={}://{addr} socket={} data={} mode={} pcache={}{mount_note} pid={}",
+        "tablix ready: http={}://{addr} socket={} data={} mode={} pcache={}{mount_note}{raft_note} pid={}",
         if has_tls { "https" } else { "http" },
         socket.display(),
         data.display(),

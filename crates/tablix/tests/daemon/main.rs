@@ -2,6 +2,7 @@
 //! port, driven by `tablix sql` and plain HTTP.
 #![allow(clippy::unwrap_used)]
 
+mod cluster;
 mod hardening;
 
 use std::collections::BTreeSet;

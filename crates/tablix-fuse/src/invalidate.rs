@@ -1,0 +1,71 @@
+//! Keeping this kernel's caches of the mount true when replication
+//! applies file-system changes it did not see: those made through another
+//! node's mount, or through SQL. The store tells every file-system Command
+//! replication applies (`Store::watch_fs`); a thread of its own turns what
+//! each may have made stale into FUSE invalidation notices, skipping the
+//! Commands this mount made (the kernel saw those).
+//!
+//! The notices go out from that thread, never from the writer's: the
+//! kernel may wait on a page that a write in flight holds, and that write
+//! waits on the writer.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Mutex;
+use std::sync::mpsc::Receiver;
+
+use fuser::{INodeNo, Notifier};
+use tablix_fs::Touched;
+use tablix_store::FsApplied;
+
+/// The stamps' seeds of the changes this mount has in flight.
+#[derive(Default)]
+pub(crate) struct InFlight(Mutex<HashSet<u64>>);
+
+impl InFlight {
+    /// Runs `f` with `seed` marked as this mount's while it runs.
+    pub(crate) fn during<R>(&self, seed: u64, f: impl FnOnce() -> R) -> R {
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(seed);
+        }
+        let r = f();
+        if let Ok(mut s) = self.0.lock() {
+            s.remove(&seed);
+        }
+        r
+    }
+
+    fn contains(&self, seed: u64) -> bool {
+        self.0.lock().map(|s| s.contains(&seed)).unwrap_or(false)
+    }
+}
+
+/// Serves the notices until the store lets go of the channel.
+pub(crate) fn run(notes: Receiver<FsApplied>, notifier: Notifier, own: std::sync::Arc<InFlight>) {
+    for note in notes {
+        if own.contains(note.seed) {
+            continue;
+        }
+        for touched in note.touched {
+            let sent = match &touched {
+                Touched::Entry { parent, name } => {
+                    notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name))
+                }
+                // A negative offset: the attributes only.
+                Touched::Attr(ino) => notifier.inval_inode(INodeNo(*ino), -1, 0),
+                Touched::Data { ino, offset, len } => notifier.inval_inode(
+                    INodeNo(*ino),
+                    i64::try_from(*offset).unwrap_or(i64::MAX),
+                    i64::try_from(*len).unwrap_or(0),
+                ),
+            };
+            match sent {
+                Ok(()) => {}
+                // The kernel holds nothing of it: nothing to invalidate.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => tracing::debug!("invalidating {touched:?}: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `tablix cluster`: a cluster's members, looked at and changed through
+//! any node's raft service.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use tablix_raft::{ClusterStatus, JoinRequest, RemoveRequest, Transport};
+
+use crate::cli::{ClusterAction, ClusterArgs};
+
+pub fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(act(args))
+}
+
+async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
+    let transport = Transport::new();
+    let wait = Duration::from_secs(120);
+    let changed = match args.action {
+        ClusterAction::Status { json } => {
+            let status: ClusterStatus = transport
+                .status(&args.raft, Duration::from_secs(10))
+                .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", show(&status));
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        ClusterAction::Add { id, addr } => {
+            let r: Result<(), String> = transport
+                .call(
+                    &args.raft,
+                    "/raft/join",
+                    &JoinRequest {
+                        id,
+                        addr,
+                        voter: true,
+                    },
+                    wait,
+                )
+                .await?;
+            r
+        }
+        ClusterAction::AddLearner { id, addr } => {
+            let r: Result<(), String> = transport
+                .call(
+                    &args.raft,
+                    "/raft/join",
+                    &JoinRequest {
+                        id,
+                        addr,
+                        voter: false,
+                    },
+                    wait,
+                )
+                .await?;
+            r
+        }
+        ClusterAction::Remove { id } => {
+            let r: Result<(), String> = transport
+                .call(&args.raft, "/raft/remove", &RemoveRequest { id }, wait)
+                .await?;
+            r
+        }
+    };
+    match changed {
+        Ok(()) => {
+            let status = transport
+                .status(&args.raft, Duration::from_secs(10))
+                .await?;
+            print!("{}", show(&status));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("tablix cluster: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// The status as a table, one member a line.
+fn show(s: &ClusterStatus) -> String {
+    let mut out = format!(
+        "node {} at {} is {} in term {}; leader: {}\nlog to {}, applied to {}, snapshot at {}\n",
+        s.id,
+        s.addr,
+        s.state,
+        s.term,
+        match (&s.leader, &s.leader_addr) {
+            (Some(l), Some(a)) => format!("node {l} at {a}"),
+            (Some(l), None) => format!("node {l}"),
+            _ => "none known".into(),
+        },
+        index(s.last_log_index),
+        index(s.applied_index),
+        index(s.snapshot_index),
+    );
+    out.push_str(&format!("{:>6}  {:<8} {}\n", "id", "role", "raft address"));
+    for m in &s.members {
+        let role = if Some(m.id) == s.leader {
+            "leader"
+        } else if m.voter {
+            "voter"
+        } else {
+            "learner"
+        };
+        out.push_str(&format!("{:>6}  {:<8} {}\n", m.id, role, m.addr));
+    }
+    out
+}
+
+fn index(i: Option<u64>) -> String {
+    i.map_or_else(|| "-".to_string(), |i| i.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tablix_raft::Member;
+
+    #[test]
+    fn the_status_table_names_the_leader_voters_and_learners() {
+        let s = ClusterStatus {
+            id: 2,
+            addr: "127.0.0.1:4102".into(),
+            state: "follower".into(),
+            term: 3,
+            leader: Some(1),
+            leader_addr: Some("127.0.0.1:4101".into()),
+            last_log_index: Some(9),
+            applied_index: Some(8),
+            snapshot_index: None,
+            members: vec![
+                Member {
+                    id: 1,
+                    addr: "127.0.0.1:4101".into(),
+                    voter: true,
+                },
+                Member {
+                    id: 2,
+                    addr: "127.0.0.1:4102".into(),
+                    voter: true,
+                },
+                Member {
+                    id: 3,
+                    addr: "127.0.0.1:4103".into(),
+                    voter: false,
+                },
+            ],
+        };
+        let t = show(&s);
+        assert!(t.contains("leader: node 1 at 127.0.0.1:4101"), "{t}");
+        assert!(t.contains("applied to 8, snapshot at -"), "{t}");
+        let lines: Vec<&str> = t.lines().skip(3).collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        assert!(
+            lines[0].contains("leader") && lines[0].contains("4101"),
+            "{t}"
+        );
+        assert!(lines[1].contains("voter"), "{t}");
+        assert!(
+            lines[2].contains("learner") && lines[2].contains("4103"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,150 @@
+//! Three daemons on loopback as one cluster, each mounting the replicated
+//! file system: files written through any mount read back the same on
+//! every mount (kernel caches invalidated), SQL through any node's API is
+//! seen by all, the cluster goes on when the leader is killed with
+//! SIGKILL, the killed node catches up when it restarts, and `tablix fsck`
+//! is clean on every node after they stop.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::{BIN, Daemon, rows};
+
+/// A free loopback port (bound, then released) for a node's raft service,
+/// which keeps its address across restarts.
+fn free_raft_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+struct Node {
+    id: u64,
+    data: PathBuf,
+    mnt: PathBuf,
+    raft: String,
+}
+
+impl Node {
+    fn start(&self, how: &[&str]) -> Daemon {
+        let id = self.id.to_string();
+        let mut args = vec!["--node-id", &id, "--raft", &self.raft];
+        args.extend_from_slice(how);
+        args.push(self.mnt.to_str().unwrap());
+        Daemon::start_env(&self.data, &args, &[("TABLIX_LOG", "error")])
+    }
+}
+
+/// The leader the node at `raft` knows of.
+fn leader(raft: &str) -> Option<u64> {
+    let out = std::process::Command::new(BIN)
+        .args(["cluster", "--raft", raft, "status", "--json"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["leader"].as_u64()
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn read(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
+    tablix_testkit::require::fuse(
+        "three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let nodes: Vec<Node> = (1..=3u64)
+        .map(|id| {
+            let mnt = dir.path().join(format!("mnt{id}"));
+            std::fs::create_dir(&mnt).unwrap();
+            Node {
+                id,
+                data: dir.path().join(format!("data{id}")),
+                mnt,
+                raft: free_raft_addr(),
+            }
+        })
+        .collect();
+    let mut daemons: Vec<Option<Daemon>> = Vec::new();
+    daemons.push(Some(nodes[0].start(&["--bootstrap"])));
+    for n in &nodes[1..] {
+        daemons.push(Some(n.start(&["--join", &nodes[0].raft])));
+    }
+    eventually("node 1 to lead all three", || {
+        nodes.iter().all(|n| leader(&n.raft) == Some(1))
+    });
+
+    // A file written through a follower's mount reads back on every one.
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(nodes[1].mnt.join("f"), &body).unwrap();
+    for n in &nodes {
+        eventually("the file on every mount", || {
+            read(&n.mnt.join("f")).as_ref() == Some(&body)
+        });
+    }
+    // Changed through another mount after every kernel cached it: each
+    // kernel is told, and shows the new content and size.
+    std::fs::write(nodes[2].mnt.join("f"), b"shorter now").unwrap();
+    for n in &nodes {
+        eventually("the changed file on every mount", || {
+            read(&n.mnt.join("f")).as_deref() == Some(&b"shorter now"[..])
+        });
+    }
+    std::fs::remove_file(nodes[0].mnt.join("f")).unwrap();
+    for n in &nodes {
+        eventually("the file gone from every mount", || {
+            !n.mnt.join("f").exists()
+        });
+    }
+
+    // SQL through one node's API, read through another's.
+    let d3 = daemons[2].as_ref().unwrap();
+    let r = d3.post(
+        "/db/execute",
+        r#"["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]"#,
+    );
+    assert!(r["results"][1]["rows_affected"] == 1, "{r}");
+    let d1 = daemons[0].as_ref().unwrap();
+    eventually("the row on node 1", || {
+        rows(d1, "SELECT count(*) FROM t") == vec![vec![serde_json::json!(1)]]
+    });
+
+    // The leader dies; a write through another mount goes on.
+    let dead = leader(&nodes[1].raft).unwrap();
+    let survivor = nodes.iter().find(|n| n.id != dead).unwrap();
+    if let Some(mut d) = daemons[dead as usize - 1].take() {
+        d.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = d.child.wait();
+    }
+    let killed = Instant::now();
+    std::fs::write(survivor.mnt.join("after"), b"written after the leader died").unwrap();
+    eprintln!(
+        "first write after killing the leader: {:?}",
+        killed.elapsed()
+    );
+    // It comes back (clearing its stale mount) and catches up.
+    let back = &nodes[dead as usize - 1];
+    daemons[dead as usize - 1] = Some(back.start(&[]));
+    eventually("the restarted node caught up", || {
+        read(&back.mnt.join("after")).as_deref() == Some(&b"written after the leader died"[..])
+    });
+
+    for d in daemons.into_iter().flatten() {
+        d.stop();
+    }
+    for n in &nodes {
+        let (code, out) = crate::fsck(&n.data, &[]);
+        assert_eq!(code, Some(0), "fsck of node {}:\n{out}", n.id);
+        assert!(out.contains("clean"), "{out}");
+    }
+}
