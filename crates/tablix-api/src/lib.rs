@@ -18,6 +18,7 @@
 
 mod auth;
 mod body;
+mod cluster;
 mod encode;
 mod identity;
 mod listen;

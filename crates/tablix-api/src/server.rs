@@ -34,6 +34,8 @@ pub struct ApiConfig {
     pub body_limit: usize,
     /// Most requests served at once; more wait for a turn.
     pub max_requests: usize,
+    /// This daemon's node, when it is one of a cluster.
+    pub cluster: Option<tablix_raft::ClusterHandle>,
 }
 
 impl Default for ApiConfig {
@@ -41,6 +43,7 @@ impl Default for ApiConfig {
         ApiConfig {
             body_limit: 8 * 1024 * 1024,
             max_requests: 64,
+            cluster: None,
         }
     }
 }
@@ -62,10 +65,10 @@ pub struct ServerInfo {
     pub tls: bool,
 }
 
-struct App {
+pub(crate) struct App {
     store: Arc<Store>,
     info: ServerInfo,
-    config: ApiConfig,
+    pub(crate) config: ApiConfig,
     auth: Arc<AuthFile>,
     started: Instant,
 }
@@ -93,13 +96,19 @@ pub fn router(
         .route("/db/request", get(request_get).post(request_post))
         .route("/status", get(status))
         .route("/readyz", get(readyz))
+        .route("/nodes", get(crate::cluster::nodes))
+        .route("/join", axum::routing::post(crate::cluster::join))
+        .route(
+            "/remove",
+            axum::routing::delete(crate::cluster::remove).post(crate::cluster::remove),
+        )
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(max))
         .with_state(app)
 }
 
 /// An error answered for the whole request.
-struct Failure(StatusCode, String);
+pub(crate) struct Failure(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -127,7 +136,7 @@ impl From<StoreError> for Failure {
 }
 
 /// The caller of a request, and its connection's hang-up signal.
-struct Who(Caller, Option<Cancel>);
+pub(crate) struct Who(pub(crate) Caller, pub(crate) Option<Cancel>);
 
 impl FromRequestParts<Arc<App>> for Who {
     type Rejection = Failure;
@@ -153,7 +162,7 @@ impl FromRequestParts<Arc<App>> for Who {
     }
 }
 
-fn require(granted: bool, caller: &Caller, perm: &str) -> Result<(), Failure> {
+pub(crate) fn require(granted: bool, caller: &Caller, perm: &str) -> Result<(), Failure> {
     if granted {
         Ok(())
     } else {
@@ -176,7 +185,7 @@ fn statements(body: Result<Bytes, BytesRejection>) -> Result<Vec<Statement>, Fai
     parse_statements(&body).map_err(|e| Failure(StatusCode::BAD_REQUEST, e))
 }
 
-fn reply(r: Result<Response, Failure>) -> Response {
+pub(crate) fn reply(r: Result<Response, Failure>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
@@ -501,7 +510,7 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
         let Who(caller, _) = who?;
         require(caller.perms.status, &caller, "status")?;
         let c = app.store.config();
-        Ok(Json(json!({
+        let mut out = json!({
             "tablix": app.info,
             "caller": {"name": caller.principal.name, "uid": caller.principal.uid, "raw": caller.principal.raw},
             "uptime_seconds": app.started.elapsed().as_secs_f64(),
@@ -541,8 +550,13 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
                     "evictions": c.evictions,
                 })).collect::<Vec<_>>(),
             },
-        }))
-        .into_response())
+        });
+        if let Some((raft, leader, cluster)) = crate::cluster::status_fields(&app) {
+            out["store"]["raft"] = raft;
+            out["store"]["leader"] = leader;
+            out["cluster"] = cluster;
+        }
+        Ok(Json(out).into_response())
     })())
 }
 

@@ -143,6 +143,23 @@ pub struct ClusterStatus {
     pub snapshot_index: Option<u64>,
     /// Every member: id, address, voter or not.
     pub members: Vec<Member>,
+    /// This node's SQL API, once it serves one.
+    #[serde(default)]
+    pub api_addr: Option<String>,
+}
+
+/// One member as a node sees it when it asks it (rqlite's `/nodes`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeReport {
+    pub id: NodeId,
+    pub addr: String,
+    pub voter: bool,
+    pub leader: bool,
+    pub reachable: bool,
+    /// Seconds the member took to answer.
+    pub time: f64,
+    pub api_addr: Option<String>,
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -163,6 +180,7 @@ pub(crate) struct Shared {
     /// Held by the leader through a membership change: openraft refuses a
     /// change while another is in progress, and nodes join concurrently.
     pub(crate) changing: tokio::sync::Mutex<()>,
+    pub(crate) api_addr: std::sync::RwLock<Option<String>>,
 }
 
 impl Shared {
@@ -213,7 +231,63 @@ impl Shared {
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
             members,
+            api_addr: self.api_addr.read().ok().and_then(|a| a.clone()),
         }
+    }
+
+    /// Every member (voters only unless `learners`), each asked for its
+    /// status within `ttl`, in parallel.
+    pub(crate) async fn nodes(&self, learners: bool, ttl: Duration) -> Vec<NodeReport> {
+        let status = self.status();
+        let asked = status
+            .members
+            .iter()
+            .filter(|m| m.voter || learners)
+            .map(|m| {
+                let m = m.clone();
+                let own = status.clone();
+                let transport = self.transport.clone();
+                let leader = status.leader == Some(m.id);
+                async move {
+                    let began = Instant::now();
+                    let answer = if m.id == own.id {
+                        Ok(own)
+                    } else {
+                        transport.status(&m.addr, ttl).await
+                    };
+                    let time = began.elapsed().as_secs_f64();
+                    match answer {
+                        Ok(s) => NodeReport {
+                            id: m.id,
+                            addr: m.addr,
+                            voter: m.voter,
+                            leader,
+                            reachable: true,
+                            time,
+                            api_addr: s.api_addr,
+                            error: None,
+                        },
+                        Err(e) => NodeReport {
+                            id: m.id,
+                            addr: m.addr,
+                            voter: m.voter,
+                            leader,
+                            reachable: false,
+                            time,
+                            api_addr: None,
+                            error: Some(e.to_string()),
+                        },
+                    }
+                }
+            });
+        let tasks: Vec<_> = asked.map(tokio::spawn).collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            if let Ok(r) = t.await {
+                out.push(r);
+            }
+        }
+        out
     }
 
     /// Proposes `command` wherever the leader is, waiting up to
@@ -421,6 +495,44 @@ impl Propose for Forwarder {
     }
 }
 
+/// What the SQL API needs of a running node: its status, the members as
+/// it sees them, and membership changes (through the leader).
+#[derive(Clone)]
+pub struct ClusterHandle(Arc<Shared>);
+
+impl std::fmt::Debug for ClusterHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterHandle(node {})", self.0.id)
+    }
+}
+
+impl ClusterHandle {
+    pub fn status(&self) -> ClusterStatus {
+        self.0.status()
+    }
+
+    /// Records the address of this node's SQL API, for other nodes to
+    /// report.
+    pub fn set_api_addr(&self, addr: String) {
+        if let Ok(mut a) = self.0.api_addr.write() {
+            *a = Some(addr);
+        }
+    }
+
+    /// Every voter (and learner, with `learners`), asked within `ttl`.
+    pub async fn nodes(&self, learners: bool, ttl: Duration) -> Vec<NodeReport> {
+        self.0.nodes(learners, ttl).await
+    }
+
+    pub async fn join(&self, request: JoinRequest) -> Result<(), String> {
+        self.0.join(request).await
+    }
+
+    pub async fn remove(&self, id: NodeId) -> Result<(), String> {
+        self.0.remove(RemoveRequest { id }).await
+    }
+}
+
 /// A running node.
 pub struct ClusterNode {
     shared: Arc<Shared>,
@@ -472,6 +584,7 @@ impl ClusterNode {
             transport: Transport::new(),
             leader_wait: config.leader_wait,
             changing: tokio::sync::Mutex::new(()),
+            api_addr: std::sync::RwLock::new(None),
         });
         tokio::spawn(break_split_votes(
             shared.raft.clone(),
@@ -572,6 +685,10 @@ impl ClusterNode {
 
     pub fn status(&self) -> ClusterStatus {
         self.shared.status()
+    }
+
+    pub fn handle(&self) -> ClusterHandle {
+        ClusterHandle(Arc::clone(&self.shared))
     }
 
     /// Proposes `command` through the leader, wherever it is.

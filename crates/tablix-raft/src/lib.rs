@@ -24,8 +24,8 @@ mod transport;
 mod types;
 
 pub use cluster::{
-    ClusterConfig, ClusterError, ClusterNode, ClusterStatus, JoinRequest, LOG_DIR, Member,
-    RemoveRequest, SNAPSHOT_DIR, Start,
+    ClusterConfig, ClusterError, ClusterHandle, ClusterNode, ClusterStatus, JoinRequest, LOG_DIR,
+    Member, NodeReport, RemoveRequest, SNAPSHOT_DIR, Start,
 };
 pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};

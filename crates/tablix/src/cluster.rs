@@ -153,6 +153,7 @@ mod tests {
                     voter: false,
                 },
             ],
+            api_addr: Some("127.0.0.1:4001".into()),
         };
         let t = show(&s);
         assert!(t.contains("leader: node 1 at 127.0.0.1:4101"), "{t}");

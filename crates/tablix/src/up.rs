@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router};
-use tablix_raft::{ClusterConfig, ClusterNode, Start};
+use tablix_raft::{ClusterConfig, ClusterHandle, ClusterNode, Start};
 use tablix_store::{DaemonRecord, Durability, LogKeeper, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -217,10 +217,6 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let raft_note = node
-        .as_ref()
-        .map(|n| format!(" node={} raft={}", n.id(), n.addr()))
-        .unwrap_or_default();
     let result = runtime.block_on(serve(
         Arc::clone(&store),
         &args,
@@ -228,7 +224,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         durability,
         auth,
         tls,
-        &raft_note,
+        node.as_ref().map(ClusterNode::handle),
     ));
     DaemonFile::remove(&data);
     let result = match result {
@@ -265,7 +261,7 @@ async fn serve(
     durability: Durability,
     auth: AuthFile,
     tls: Option<tablix_api::TlsAcceptor>,
-    raft_note: &str,
+    cluster: Option<ClusterHandle>,
 ) -> anyhow::Result<Option<tablix_fuse::Mounted>> {
     let has_tls = tls.is_some();
     let tcp = Endpoint::tcp(args.http, tls).await.map_err(|e| {
@@ -275,6 +271,9 @@ async fn serve(
         )
     })?;
     let addr: SocketAddr = tcp.local_addr().unwrap_or(args.http);
+    if let Some(c) = &cluster {
+        c.set_api_addr(addr.to_string());
+    }
     let socket = data.join(discovery::SOCKET);
     let unix =
         Endpoint::unix(&socket).with_context(|| format!("listening on {}", socket.display()))?;
@@ -314,6 +313,7 @@ async fn serve(
         ApiConfig {
             body_limit: args.body_limit as usize,
             max_requests: args.max_requests as usize,
+            cluster: cluster.clone(),
         },
         Arc::new(auth),
     );
@@ -327,6 +327,13 @@ async fn serve(
     .write(data)?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let raft_note = cluster
+        .as_ref()
+        .map(|c| {
+            let s = c.status();
+            format!(" node={} raft={}", s.id, s.addr)
+        })
+        .unwrap_or_default();
     let mount_note = mounted
         .as_ref()
         .map(|m| format!(" mount={}", m.mountpoint().display()))

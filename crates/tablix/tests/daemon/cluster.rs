@@ -84,6 +84,28 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         nodes.iter().all(|n| leader(&n.raft) == Some(1))
     });
 
+    // rqlite's /nodes: every voter reachable, node 1 the leader, each
+    // with its API address.
+    let d2 = daemons[1].as_ref().unwrap();
+    let nodes_seen: serde_json::Value = {
+        let mut r = ureq::get(format!("http://{}/nodes?ver=2", d2.addr))
+            .call()
+            .unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    let listed = nodes_seen["nodes"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{nodes_seen}");
+    for n in listed {
+        assert_eq!(n["reachable"], true, "{nodes_seen}");
+        assert_eq!(n["leader"], n["id"] == "1", "{nodes_seen}");
+        assert!(
+            n["api_addr"]
+                .as_str()
+                .unwrap()
+                .starts_with("http://127.0.0.1:"),
+            "{nodes_seen}"
+        );
+    }
     // A file written through a follower's mount reads back on every one.
     let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     std::fs::write(nodes[1].mnt.join("f"), &body).unwrap();

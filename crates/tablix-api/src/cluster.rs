@@ -1,0 +1,213 @@
+//! rqlite's cluster endpoints on a node of a cluster: `/nodes` (every
+//! voter, and with `nonvoters` every learner, each asked whether it is
+//! reachable), `/join` and `/remove` (membership changes, carried out by
+//! the leader whichever node takes them). On a daemon that is not a
+//! cluster node they answer 503 and say so.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tablix_raft::{ClusterHandle, JoinRequest, NodeReport};
+
+use crate::server::{App, Failure, Who, reply, require};
+
+/// How long `/nodes` waits for each member's answer.
+const ASK: Duration = Duration::from_secs(2);
+
+fn handle(app: &App) -> Result<&ClusterHandle, Failure> {
+    app.config.cluster.as_ref().ok_or_else(|| {
+        Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this daemon is not a node of a cluster (start it with --node-id and --raft)".into(),
+        )
+    })
+}
+
+/// rqlite's shape of one node: an id-keyed map by default, a list under
+/// "nodes" with `ver=2`.
+fn node_json(n: &NodeReport) -> Value {
+    let mut v = json!({
+        "id": n.id.to_string(),
+        "api_addr": n.api_addr.as_ref().map(|a| format!("http://{a}")).unwrap_or_default(),
+        "addr": n.addr,
+        "voter": n.voter,
+        "reachable": n.reachable,
+        "leader": n.leader,
+        "time": n.time,
+    });
+    if let Some(e) = &n.error {
+        v["error"] = json!(e);
+    }
+    v
+}
+
+pub(crate) async fn nodes(
+    State(app): State<Arc<App>>,
+    who: Result<Who, Failure>,
+    Query(params): Query<HashMap<String, String>>,
+) -> Response {
+    let checked = who.and_then(|Who(caller, _)| require(caller.perms.status, &caller, "status"));
+    if let Err(f) = checked {
+        return f.into_response();
+    }
+    let cluster = match handle(&app) {
+        Ok(c) => c.clone(),
+        Err(f) => return f.into_response(),
+    };
+    let learners = params.contains_key("nonvoters");
+    let reports = cluster.nodes(learners, ASK).await;
+    let body = if params.get("ver").map(String::as_str) == Some("2") {
+        json!({ "nodes": reports.iter().map(node_json).collect::<Vec<_>>() })
+    } else {
+        Value::Object(
+            reports
+                .iter()
+                .map(|n| {
+                    let mut v = node_json(n);
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("id");
+                    }
+                    (n.id.to_string(), v)
+                })
+                .collect(),
+        )
+    };
+    Json(body).into_response()
+}
+
+/// rqlite's join request: ids are strings there; tablix's are numbers.
+#[derive(Deserialize)]
+struct Join {
+    id: Value,
+    addr: String,
+    #[serde(default = "yes")]
+    voter: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Deserialize)]
+struct Remove {
+    id: Value,
+}
+
+fn node_id(v: &Value) -> Result<u64, Failure> {
+    let parsed = match v {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    parsed.filter(|id| *id > 0).ok_or_else(|| {
+        Failure(
+            StatusCode::BAD_REQUEST,
+            format!("node id {v} is not a number above 0"),
+        )
+    })
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Failure> {
+    serde_json::from_slice(body)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("malformed request: {e}")))
+}
+
+pub(crate) async fn join(
+    State(app): State<Arc<App>>,
+    who: Result<Who, Failure>,
+    body: Bytes,
+) -> Response {
+    let request = (|| -> Result<(ClusterHandle, JoinRequest), Failure> {
+        let Who(caller, _) = who?;
+        let j: Join = parse(&body)?;
+        if j.voter {
+            require(caller.perms.join, &caller, "join")?;
+        } else {
+            require(
+                caller.perms.join || caller.perms.join_read_only,
+                &caller,
+                "join-read-only",
+            )?;
+        }
+        let cluster = handle(&app)?.clone();
+        Ok((
+            cluster,
+            JoinRequest {
+                id: node_id(&j.id)?,
+                addr: j.addr,
+                voter: j.voter,
+            },
+        ))
+    })();
+    let (cluster, request) = match request {
+        Ok(r) => r,
+        Err(f) => return f.into_response(),
+    };
+    reply(
+        cluster
+            .join(request)
+            .await
+            .map(|()| StatusCode::OK.into_response())
+            .map_err(|e| Failure(StatusCode::SERVICE_UNAVAILABLE, e)),
+    )
+}
+
+pub(crate) async fn remove(
+    State(app): State<Arc<App>>,
+    who: Result<Who, Failure>,
+    body: Bytes,
+) -> Response {
+    let request = (|| -> Result<(ClusterHandle, u64), Failure> {
+        let Who(caller, _) = who?;
+        require(caller.perms.remove, &caller, "remove")?;
+        let r: Remove = parse(&body)?;
+        Ok((handle(&app)?.clone(), node_id(&r.id)?))
+    })();
+    let (cluster, id) = match request {
+        Ok(r) => r,
+        Err(f) => return f.into_response(),
+    };
+    reply(
+        cluster
+            .remove(id)
+            .await
+            .map(|()| StatusCode::OK.into_response())
+            .map_err(|e| Failure(StatusCode::BAD_REQUEST, e)),
+    )
+}
+
+/// What `/status` says of the cluster, in rqlite's words where rqlite has
+/// them (`store.raft`, `store.leader`).
+pub(crate) fn status_fields(app: &App) -> Option<(Value, Value, Value)> {
+    let s = app.config.cluster.as_ref()?.status();
+    let voter = s.members.iter().any(|m| m.id == s.id && m.voter);
+    let raft = json!({
+        "state": match s.state.as_str() {
+            "leader" => "Leader",
+            "follower" => "Follower",
+            "candidate" => "Candidate",
+            "learner" => "Learner",
+            _ => "Shutdown",
+        },
+        "term": s.term,
+        "applied_index": s.applied_index.unwrap_or(0),
+        "last_log_index": s.last_log_index.unwrap_or(0),
+        "snapshot_index": s.snapshot_index.unwrap_or(0),
+        "voter": voter,
+        "num_peers": s.members.len().saturating_sub(1),
+    });
+    let leader = json!({
+        "node_id": s.leader.map(|l| l.to_string()).unwrap_or_default(),
+        "addr": s.leader_addr.clone().unwrap_or_default(),
+    });
+    let cluster = serde_json::to_value(&s).unwrap_or(Value::Null);
+    Some((raft, leader, cluster))
+}
