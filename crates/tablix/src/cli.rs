@@ -360,6 +360,11 @@ pub enum BenchWhich {
     /// store's own command log, in one process: single-row inserts from
     /// concurrent clients.
     Raft(RaftBenchArgs),
+    /// Clusters on loopback: concurrent single-row inserts on tablix and
+    /// rqlite clusters of 1 and 3 nodes (rate, p50 and p99), a source
+    /// tree unpacked and removed on a 3-node cluster's mount against a
+    /// 1-node one, and failover after SIGKILL of the leader.
+    Cluster(ClusterBenchArgs),
     /// The page cache: a speed suite after SQLite's speedtest1 and hit
     /// ratios under several access patterns, each policy against SQLite's
     /// built-in cache.
@@ -486,6 +491,27 @@ pub struct RaftBenchArgs {
     /// Rounds, alternating which path runs first; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct ClusterBenchArgs {
+    /// Scratch directory on the disk to measure [default: ./target/bench/cluster]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// rqlite's server, built from its source (`go build ./cmd/rqlited`);
+    /// without it only tablix is measured.
+    #[arg(long, value_name = "PATH")]
+    pub rqlited: Option<PathBuf>,
+    /// Seconds each insert measurement runs.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Concurrent clients, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16, 64])]
+    pub clients: Vec<usize>,
+    /// Files in the synthetic source tree unpacked on the mount (0: skip;
+    /// the mounts need root).
+    #[arg(long, default_value_t = 2000)]
+    pub tree_files: u64,
 }
 
 #[derive(Args, Debug)]

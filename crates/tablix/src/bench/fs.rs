@@ -174,7 +174,7 @@ fn postmark(dir: &Path, files: u64, transactions: u64) -> anyhow::Result<f64> {
 
 /// A synthetic source tree (fixed seed): `files` files in directories of
 /// 20, sizes log-uniform between 200 B and 40 KiB, packed as a tar.
-fn source_tree(base: &Path, files: u64) -> anyhow::Result<PathBuf> {
+pub(crate) fn source_tree(base: &Path, files: u64) -> anyhow::Result<PathBuf> {
     let tar = base.join(format!("tree-{files}.tar"));
     if tar.exists() {
         return Ok(tar);

@@ -2,6 +2,7 @@
 //! baseline measured in the same run on the same machine.
 
 mod answer;
+mod cluster;
 mod daemon;
 mod fs;
 mod hits;
@@ -23,6 +24,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchWhich::Insert(a) => insert::run(a),
         BenchWhich::Log(a) => log::run(a),
         BenchWhich::Raft(a) => raft::run(a),
+        BenchWhich::Cluster(a) => cluster::run(a),
         BenchWhich::Fs(a) => fs::run(a),
         BenchWhich::Pipe(a) => pipe::run(a),
         BenchWhich::Hostile(a) => hostile::run(a),

@@ -1,0 +1,508 @@
+//! `tablix bench cluster`: tablix and rqlite clusters on loopback, in one
+//! run. Concurrent single-row inserts through the leader's HTTP API
+//! (rate, p50, p99) on clusters of 1 and 3 nodes; a source tree unpacked
+//! and removed on a 3-node cluster's mount (the leader's and a
+//! follower's) against a 1-node cluster's; and the time from SIGKILL of
+//! a 3-node cluster's leader to the first write acknowledged by another
+//! node.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use super::answer;
+use crate::cli::ClusterBenchArgs;
+
+/// A free loopback address (bound, then released).
+fn free_addr() -> anyhow::Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.to_string())
+}
+
+/// One server process of either system.
+struct Server {
+    child: Child,
+    /// Its HTTP API, `host:port`.
+    http: String,
+    mount: Option<PathBuf>,
+}
+
+impl Server {
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SIGTERM and wait: a clean stop, which unmounts.
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+        // A node killed by the failover measurement leaves its mount.
+        if let Some(m) = &self.mount {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(m)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum System {
+    Tablix,
+    Rqlite,
+}
+
+impl System {
+    fn name(self) -> &'static str {
+        match self {
+            System::Tablix => "tablix",
+            System::Rqlite => "rqlite",
+        }
+    }
+}
+
+/// A tablix node: `tablix up` as a node of a cluster, reporting its API
+/// address on its ready line.
+fn tablix_node(
+    dir: &Path,
+    id: u64,
+    join: Option<&str>,
+    raft: &str,
+    mount: bool,
+) -> anyhow::Result<Server> {
+    let exe = std::env::current_exe()?;
+    let data = dir.join(format!("tablix-{id}"));
+    let mut cmd = Command::new(exe);
+    cmd.args(["up", "--http", "127.0.0.1:0", "--node-id", &id.to_string()])
+        .args(["--raft", raft])
+        .arg("--data")
+        .arg(&data);
+    match join {
+        Some(peer) => cmd.args(["--join", peer]),
+        None => cmd.arg("--bootstrap"),
+    };
+    let mnt = dir.join(format!("mnt-{id}"));
+    if mount {
+        std::fs::create_dir_all(&mnt)?;
+        cmd.arg(&mnt);
+    }
+    let mut child = cmd
+        .env("TABLIX_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting tablix up")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let Some(http) = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("http=http://"))
+    else {
+        let _ = child.kill();
+        bail!("tablix node {id} did not report ready: {line:?}");
+    };
+    Ok(Server {
+        http: http.to_string(),
+        child,
+        mount: mount.then_some(mnt),
+    })
+}
+
+/// An rqlite node, ready once its `/readyz` answers 200.
+fn rqlite_node(
+    bin: &Path,
+    dir: &Path,
+    id: u64,
+    join: Option<&str>,
+    raft: &str,
+) -> anyhow::Result<Server> {
+    let http = free_addr()?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["-node-id", &id.to_string(), "-http-addr", &http])
+        .args(["-raft-addr", raft]);
+    if let Some(peer) = join {
+        cmd.args(["-join", peer]);
+    }
+    let child = cmd
+        .arg(dir.join(format!("rqlite-{id}")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let server = Server {
+        child,
+        http,
+        mount: None,
+    };
+    let agent = ureq::Agent::new_with_defaults();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = agent
+            .get(format!("http://{}/readyz", server.http))
+            .call()
+            .is_ok_and(|r| r.status() == 200);
+        if ready {
+            return Ok(server);
+        }
+        if Instant::now() > deadline {
+            bail!("rqlite node {id} was not ready within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A cluster of `n` nodes of `system`, the first one founding it.
+fn cluster(
+    system: System,
+    a: &ClusterBenchArgs,
+    dir: &Path,
+    n: u64,
+    mount: bool,
+) -> anyhow::Result<Vec<Server>> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut nodes = Vec::new();
+    let first_raft = free_addr()?;
+    for id in 1..=n {
+        let raft = if id == 1 {
+            first_raft.clone()
+        } else {
+            free_addr()?
+        };
+        let join = (id > 1).then_some(first_raft.as_str());
+        nodes.push(match system {
+            System::Tablix => tablix_node(dir, id, join, &raft, mount)?,
+            System::Rqlite => {
+                let bin = a.rqlited.as_deref().context("no --rqlited")?;
+                rqlite_node(bin, dir, id, join, &raft)?
+            }
+        });
+    }
+    // Every node sees every voter before the load starts.
+    wait_for_voters(&nodes, n as usize)?;
+    Ok(nodes)
+}
+
+fn get_json(agent: &ureq::Agent, url: &str) -> Option<serde_json::Value> {
+    let mut r = agent.get(url).call().ok()?;
+    serde_json::from_str(&r.body_mut().read_to_string().ok()?).ok()
+}
+
+/// rqlite's `/nodes?ver=2` as a node answers it.
+fn nodes_seen(agent: &ureq::Agent, http: &str) -> Option<Vec<serde_json::Value>> {
+    get_json(agent, &format!("http://{http}/nodes?ver=2"))?["nodes"]
+        .as_array()
+        .cloned()
+}
+
+fn wait_for_voters(nodes: &[Server], n: usize) -> anyhow::Result<()> {
+    let agent = ureq::Agent::new_with_defaults();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for s in nodes {
+        loop {
+            let seen = nodes_seen(&agent, &s.http).unwrap_or_default();
+            let ok = seen.len() == n
+                && seen.iter().all(|v| v["reachable"] == true)
+                && seen.iter().any(|v| v["leader"] == true);
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node at {} never saw {n} reachable voters and a leader",
+                    s.http
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
+/// The index among `nodes` of the leader, by its API address.
+fn leader_of(nodes: &[Server], asked: &str) -> Option<usize> {
+    let agent = ureq::Agent::new_with_defaults();
+    let seen = nodes_seen(&agent, asked)?;
+    let api = seen
+        .iter()
+        .find(|v| v["leader"] == true)?
+        .get("api_addr")?
+        .as_str()?
+        .trim_start_matches("http://")
+        .to_string();
+    nodes.iter().position(|s| s.http == api)
+}
+
+fn post(agent: &ureq::Agent, url: &str, body: String) -> Option<String> {
+    agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body)
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .ok()
+}
+
+/// Rate and latencies of `clients` threads each posting one single-row
+/// INSERT at a time to `http`, for `seconds`.
+struct Load {
+    rate: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn inserts(http: &str, clients: usize, seconds: f64) -> anyhow::Result<Load> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let url = format!("http://{http}/db/execute");
+    let started = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let (stop, url) = (Arc::clone(&stop), url.clone());
+            std::thread::spawn(move || {
+                let agent = ureq::Agent::new_with_defaults();
+                let mut took = Vec::new();
+                let mut failed = 0u64;
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = format!(
+                        r#"[["INSERT INTO bench(v) VALUES (?)", {}]]"#,
+                        (c as u64) << 40 | i
+                    );
+                    let t = Instant::now();
+                    match post(&agent, &url, body) {
+                        Some(text) if answer::one_row_inserted(&text) => {
+                            took.push(t.elapsed().as_secs_f64());
+                        }
+                        _ => failed += 1,
+                    }
+                    i += 1;
+                }
+                (took, failed)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    let mut failed = 0;
+    for t in threads {
+        let (took, f) = t
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
+        all.extend(took);
+        failed += f;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    if failed > 0 {
+        bail!("{failed} inserts failed");
+    }
+    all.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .map_or(f64::NAN, |s| s * 1000.0)
+    };
+    Ok(Load {
+        rate: all.len() as f64 / elapsed,
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+    })
+}
+
+fn create_table(http: &str) -> anyhow::Result<()> {
+    let agent = ureq::Agent::new_with_defaults();
+    let text = post(
+        &agent,
+        &format!("http://{http}/db/execute"),
+        r#"["CREATE TABLE bench(id INTEGER PRIMARY KEY, v INTEGER)"]"#.into(),
+    )
+    .context("creating the bench table")?;
+    if !answer::succeeded(&text) {
+        bail!("creating the bench table: {text}");
+    }
+    Ok(())
+}
+
+/// Seconds from SIGKILL of the leader to the first insert another node
+/// acknowledges.
+fn failover(nodes: &mut [Server]) -> anyhow::Result<f64> {
+    let leader = leader_of(nodes, &nodes[0].http).context("no leader to kill")?;
+    let other = (leader + 1) % nodes.len();
+    let url = format!("http://{}/db/execute", nodes[other].http);
+    nodes[leader].kill();
+    let killed = Instant::now();
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .new_agent();
+    while killed.elapsed() < Duration::from_secs(60) {
+        let ok = post(
+            &agent,
+            &url,
+            r#"[["INSERT INTO bench(v) VALUES (?)", -1]]"#.into(),
+        )
+        .is_some_and(|t| answer::one_row_inserted(&t));
+        if ok {
+            return Ok(killed.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    bail!("no write was acknowledged within 60 s of killing the leader")
+}
+
+/// Seconds to unpack `tar` under `at` and to remove it again.
+fn tree(at: &Path, tar: &Path) -> anyhow::Result<(f64, f64)> {
+    let dest = at.join("tree");
+    std::fs::create_dir_all(&dest)?;
+    let t = Instant::now();
+    let untar = Command::new("tar")
+        .arg("-xf")
+        .arg(tar)
+        .arg("-C")
+        .arg(&dest)
+        .status()?;
+    let unpacked = t.elapsed().as_secs_f64();
+    if !untar.success() {
+        bail!("tar -x on {} failed", at.display());
+    }
+    let t = Instant::now();
+    let rm = Command::new("rm").arg("-rf").arg(&dest).status()?;
+    if !rm.success() {
+        bail!("rm -rf on {} failed", at.display());
+    }
+    Ok((unpacked, t.elapsed().as_secs_f64()))
+}
+
+pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
+    if a.clients.is_empty() || a.clients.contains(&0) {
+        bail!("--clients must name positive numbers");
+    }
+    if let Some(bin) = &a.rqlited
+        && !bin.exists()
+    {
+        bail!("--rqlited {} does not exist", bin.display());
+    }
+    let dir = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("target/bench/cluster"));
+    std::fs::create_dir_all(&dir)?;
+    let dir = dir.canonicalize()?;
+    let mut systems = vec![System::Tablix];
+    if a.rqlited.is_some() {
+        systems.push(System::Rqlite);
+    } else {
+        eprintln!("no --rqlited: measuring tablix alone");
+    }
+
+    // Inserts: (system, nodes) -> one Load per client count.
+    let mut loads: Vec<(System, u64, Vec<Load>)> = Vec::new();
+    let mut failovers: Vec<(System, f64)> = Vec::new();
+    for n in [1u64, 3] {
+        for &system in &systems {
+            eprintln!("measuring {} with {n} node(s)", system.name());
+            let mut nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
+            let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
+            let http = nodes[leader].http.clone();
+            create_table(&http)?;
+            let mut per = Vec::new();
+            for &c in &a.clients {
+                per.push(inserts(&http, c, a.seconds)?);
+            }
+            loads.push((system, n, per));
+            if n == 3 {
+                failovers.push((system, failover(&mut nodes)?));
+            }
+        }
+    }
+
+    let mut trees: Vec<(String, (f64, f64))> = Vec::new();
+    if a.tree_files > 0 {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("not root: the mount workload is skipped");
+        } else {
+            let tar = super::fs::source_tree(&dir, a.tree_files)?;
+            for n in [1u64, 3] {
+                eprintln!("unpacking a tree on a {n}-node cluster's mounts");
+                let nodes = cluster(System::Tablix, &a, &dir.join("tablix-mount"), n, true)?;
+                let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
+                for (i, s) in nodes.iter().enumerate() {
+                    if n == 3 && i != leader && i != (leader + 1) % 3 {
+                        continue;
+                    }
+                    let role = if i == leader { "leader" } else { "follower" };
+                    let m = s.mount.as_deref().context("no mount")?;
+                    trees.push((format!("{n} node(s), {role}'s mount"), tree(m, &tar)?));
+                }
+            }
+        }
+    }
+
+    println!(
+        "concurrent single-row inserts through the leader's /db/execute, {} s per run, on {}",
+        a.seconds,
+        dir.display()
+    );
+    println!(
+        "{:<22} {:>8} {:>12} {:>9} {:>9} {:>16}",
+        "cluster", "clients", "inserts/s", "p50 ms", "p99 ms", "tablix/rqlite"
+    );
+    for (system, n, per) in &loads {
+        for (i, c) in a.clients.iter().enumerate() {
+            let l = &per[i];
+            let ratio = if *system == System::Tablix {
+                loads
+                    .iter()
+                    .find(|(s, m, _)| *s == System::Rqlite && m == n)
+                    .map(|(_, _, r)| format!("{:.2}", l.rate / r[i].rate))
+                    .unwrap_or_else(|| "-".into())
+            } else {
+                String::new()
+            };
+            println!(
+                "{:<22} {:>8} {:>12.0} {:>9.2} {:>9.2} {:>16}",
+                format!("{} {n} node(s)", system.name()),
+                c,
+                l.rate,
+                l.p50_ms,
+                l.p99_ms,
+                ratio
+            );
+        }
+    }
+    println!();
+    println!(
+        "failover: SIGKILL of a 3-node cluster's leader to the first insert another node acknowledges"
+    );
+    for (system, s) in &failovers {
+        println!("{:<22} {:>8.2} s", system.name(), s);
+    }
+    if !trees.is_empty() {
+        println!();
+        println!(
+            "a source tree of {} files unpacked (tar -x) and removed (rm -rf) on the mount, seconds; ratio = against 1 node",
+            a.tree_files
+        );
+        let base = trees[0].1;
+        for (label, (x, rm)) in &trees {
+            println!(
+                "{label:<34} untar {x:>7.2} ({:.2})   rm -rf {rm:>7.2} ({:.2})",
+                x / base.0,
+                rm / base.1
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
