@@ -593,6 +593,10 @@ impl ClusterNode {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = crate::service::router(Arc::clone(&shared));
         let server = tokio::spawn(async move {
+            // Nagle off: an RPC is one small write each way.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let served = axum::serve(listener, router)
                 .with_graceful_shutdown(async {
                     let _ = stopped.await;

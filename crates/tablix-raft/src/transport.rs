@@ -1,15 +1,22 @@
 //! Node-to-node traffic: openraft's RPCs, forwarded proposals and
 //! membership requests as HTTP POSTs of postcard bodies to another node's
-//! raft address (`service.rs` answers them). A request runs on tokio's
-//! blocking pool (the HTTP client is blocking) and is bounded by
-//! openraft's time-to-live for it.
+//! raft service (`service.rs` answers them), over pooled keep-alive
+//! connections with Nagle off, each request bounded by openraft's
+//! time-to-live for it.
 #![allow(
     clippy::result_large_err,
     reason = "openraft's network trait answers its RPCError"
 )]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::CONTENT_TYPE;
+use hyper::{Method, Request};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
 };
@@ -35,7 +42,10 @@ pub(crate) mod path {
 }
 
 /// Largest answer read from a peer.
-const MAX_ANSWER: u64 = 256 << 20;
+const MAX_ANSWER: usize = 256 << 20;
+
+/// How long connecting to a peer may take.
+const CONNECT: Duration = Duration::from_secs(2);
 
 /// Why a request to a peer got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +67,11 @@ pub enum TransportError {
     Encode(String),
 }
 
-/// An HTTP client for a node's raft service.
+/// An HTTP client for nodes' raft services. Clones share its pool of
+/// connections.
 #[derive(Clone)]
 pub struct Transport {
-    agent: ureq::Agent,
+    client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Default for Transport {
@@ -71,12 +82,67 @@ impl Default for Transport {
 
 impl Transport {
     pub fn new() -> Transport {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_secs(2)))
-            .build()
-            .into();
-        Transport { agent }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Transport { client }
+    }
+
+    /// Sends one request and reads its answer whole, within `ttl`:
+    /// the status and the body.
+    async fn exchange(
+        &self,
+        method: Method,
+        addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<Bytes, TransportError> {
+        let no_answer = |message: String| TransportError::NoAnswer {
+            addr: addr.to_string(),
+            message,
+        };
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}{path}"))
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| TransportError::Encode(e.to_string()))?;
+        let deadline = Instant::now() + ttl;
+        let response = match tokio::time::timeout(ttl, self.client.request(request)).await {
+            Err(_) => return Err(no_answer(format!("nothing within {ttl:?}"))),
+            Ok(Err(e)) if e.is_connect() => {
+                return Err(TransportError::Unreachable {
+                    addr: addr.to_string(),
+                    message: connect_reason(&e),
+                });
+            }
+            Ok(Err(e)) => return Err(no_answer(e.to_string())),
+            Ok(Ok(r)) => r,
+        };
+        let status = response.status().as_u16();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let body = match tokio::time::timeout(
+            left,
+            Limited::new(response.into_body(), MAX_ANSWER).collect(),
+        )
+        .await
+        {
+            Err(_) => return Err(no_answer(format!("the answer took over {ttl:?}"))),
+            Ok(Err(e)) => return Err(no_answer(e.to_string())),
+            Ok(Ok(b)) => b.to_bytes(),
+        };
+        if status != 200 {
+            return Err(TransportError::Refused {
+                addr: addr.to_string(),
+                status,
+                message: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok(body)
     }
 
     /// POSTs `body` to `path` of the node at `addr` (`host:port`) and
@@ -90,104 +156,39 @@ impl Transport {
     ) -> Result<A, TransportError>
     where
         Q: Serialize + ?Sized,
-        A: DeserializeOwned + Send + 'static,
+        A: DeserializeOwned,
     {
         let bytes = postcard::to_stdvec(body).map_err(|e| TransportError::Encode(e.to_string()))?;
-        let agent = self.agent.clone();
-        let addr = addr.to_string();
-        let url = format!("http://{addr}{path}");
-        tokio::task::spawn_blocking(move || {
-            let unreachable = |e: &dyn std::fmt::Display| TransportError::Unreachable {
-                addr: addr.clone(),
-                message: e.to_string(),
-            };
-            let no_answer = |e: &dyn std::fmt::Display| TransportError::NoAnswer {
-                addr: addr.clone(),
-                message: e.to_string(),
-            };
-            let sent = agent
-                .post(&url)
-                .config()
-                .timeout_global(Some(ttl))
-                .build()
-                .header("Content-Type", "application/octet-stream")
-                .send(&bytes[..]);
-            let mut response = match sent {
-                Ok(r) => r,
-                Err(e @ (ureq::Error::ConnectionFailed | ureq::Error::HostNotFound)) => {
-                    return Err(unreachable(&e));
-                }
-                Err(ureq::Error::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    return Err(unreachable(&e));
-                }
-                Err(e) => return Err(no_answer(&e)),
-            };
-            let status = response.status().as_u16();
-            let body = response
-                .body_mut()
-                .with_config()
-                .limit(MAX_ANSWER)
-                .read_to_vec()
-                .map_err(|e| no_answer(&e))?;
-            if status != 200 {
-                return Err(TransportError::Refused {
-                    addr: addr.clone(),
-                    status,
-                    message: String::from_utf8_lossy(&body).into_owned(),
-                });
-            }
-            postcard::from_bytes(&body).map_err(|e| no_answer(&e))
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(TransportError::NoAnswer {
-                addr: String::new(),
-                message: format!("the request's task failed: {e}"),
-            })
+        let answer = self.exchange(Method::POST, addr, path, bytes, ttl).await?;
+        postcard::from_bytes(&answer).map_err(|e| TransportError::NoAnswer {
+            addr: addr.to_string(),
+            message: format!("an answer this node cannot read: {e}"),
         })
     }
-}
 
-impl Transport {
     /// The status of the node whose raft service is at `addr`.
     pub async fn status(
         &self,
         addr: &str,
         ttl: Duration,
     ) -> Result<crate::ClusterStatus, TransportError> {
-        let agent = self.agent.clone();
-        let addr = addr.to_string();
-        tokio::task::spawn_blocking(move || {
-            let fail = |e: &dyn std::fmt::Display| TransportError::Unreachable {
-                addr: addr.clone(),
-                message: e.to_string(),
-            };
-            let mut response = agent
-                .get(&format!("http://{addr}{}", path::STATUS))
-                .config()
-                .timeout_global(Some(ttl))
-                .build()
-                .call()
-                .map_err(|e| fail(&e))?;
-            let body = response
-                .body_mut()
-                .with_config()
-                .limit(MAX_ANSWER)
-                .read_to_vec()
-                .map_err(|e| fail(&e))?;
-            serde_json::from_slice(&body).map_err(|e| TransportError::NoAnswer {
-                addr: addr.clone(),
-                message: format!("not a raft service's status: {e}"),
-            })
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(TransportError::NoAnswer {
-                addr: String::new(),
-                message: format!("the request's task failed: {e}"),
-            })
+        let answer = self
+            .exchange(Method::GET, addr, path::STATUS, Vec::new(), ttl)
+            .await?;
+        serde_json::from_slice(&answer).map_err(|e| TransportError::NoAnswer {
+            addr: addr.to_string(),
+            message: format!("not a raft service's status: {e}"),
         })
     }
+}
+
+/// The innermost cause of a failed connection ("Connection refused").
+fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 /// Openraft's network: a [`Peer`] per target node, at the address its
