@@ -68,6 +68,11 @@ pub enum CommandReply {
     /// had applied part of the entry when the node stopped): it is not
     /// applied again, and its reply went with the node that stopped.
     AppliedBefore,
+    /// An earlier entry applied a Command of the same stamp seed: this is
+    /// the same proposal sent again (to a new leader, after the old one
+    /// had replicated it), not applied twice. Its reply went with the
+    /// first.
+    Repeated,
 }
 
 /// The last entry the state holds and the last membership recorded with
@@ -199,6 +204,8 @@ enum Run {
     Sql(Vec<Stamped<SqlCommand>>),
     /// Blank and membership entries: the last membership among them.
     Record(Option<Vec<u8>>),
+    /// Commands applied before (`CommandReply::Repeated`).
+    Repeated,
 }
 
 /// One item to apply: a Command, or a blank or membership entry.
@@ -206,6 +213,39 @@ enum Item {
     Fs(Stamped<FsOp>),
     Sql(Stamped<SqlCommand>),
     Record(Option<Vec<u8>>),
+    Repeated,
+}
+
+/// Entries over which a replicated store remembers the proposals it
+/// applied (`tablix_proposals`): a proposal sent again comes within
+/// seconds (a leader change), far inside this many entries.
+const REMEMBERED: u64 = 100_000;
+
+/// Whether a proposal of this seed was applied by an earlier entry.
+fn applied_before(conn: &Connection, seed: u64) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM main.tablix_proposals WHERE seed = ?1")?
+        .query_row([seed as i64], |_| Ok(()))
+        .optional()
+        .map(|found| found.is_some())
+}
+
+/// Records in the open transaction that the proposals `seeds` were applied
+/// by the entries `marks` name, and forgets those applied more than
+/// [`REMEMBERED`] entries before.
+fn remember(conn: &Connection, seeds: &[u64], marks: &[Mark]) -> rusqlite::Result<()> {
+    let mut insert = conn.prepare_cached(
+        "INSERT OR REPLACE INTO main.tablix_proposals(seed, entry) VALUES (?1, ?2)",
+    )?;
+    for (seed, mark) in seeds.iter().zip(marks) {
+        insert.execute([*seed as i64, mark.entry.index as i64])?;
+    }
+    if let Some(last) = marks.last()
+        && last.entry.index > REMEMBERED
+    {
+        conn.prepare_cached("DELETE FROM main.tablix_proposals WHERE entry <= ?1")?
+            .execute([(last.entry.index - REMEMBERED) as i64])?;
+    }
+    Ok(())
 }
 
 /// A file-system Command replication applied: what it may have made
@@ -234,6 +274,10 @@ pub(crate) struct Appliers<'a> {
     pub(crate) probe: &'a WriteProbe,
     /// Told each applied file-system Command, if set.
     pub(crate) watch: Option<&'a FsWatch>,
+    /// Whether proposals are remembered by seed and a repeat is not
+    /// applied (replication's entries: a proposal may be sent again to a
+    /// new leader; the store's own log never repeats one).
+    pub(crate) dedup: bool,
 }
 
 impl Appliers<'_> {
@@ -318,6 +362,10 @@ pub(crate) fn apply(
     };
     let mut run: Option<Run> = None;
     let mut marks: Vec<Mark> = Vec::new();
+    // The seeds of the Commands in `run`, in order (file-system and SQL
+    // runs), and of every Command taken in this call.
+    let mut seeds: Vec<u64> = Vec::new();
+    let mut taken: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut prev: Option<LogId> = None;
     for (n, entry) in entries.into_iter().enumerate() {
         let skipped = if n == 0 { skip } else { 0 };
@@ -332,6 +380,39 @@ pub(crate) fn apply(
                     ReplicatedCommand::Sql(s) => Item::Sql(Stamped::new(c.stamp, s)),
                 })
                 .collect(),
+        };
+        let items: Vec<Item> = if to.dedup {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                let seed = match &item {
+                    Item::Fs(c) => Some(c.stamp.seed),
+                    Item::Sql(c) => Some(c.stamp.seed),
+                    _ => None,
+                };
+                let repeat = match seed {
+                    Some(seed) => {
+                        taken.contains(&seed)
+                            || applied_before(to.fs.connection(), seed).map_err(|e| Halted {
+                                at: entry.id.index,
+                                error: StoreError::Apply(format!(
+                                    "reading the proposals applied: {e}"
+                                )),
+                            })?
+                    }
+                    None => false,
+                };
+                if repeat {
+                    out.push(Item::Repeated);
+                } else {
+                    if let Some(seed) = seed {
+                        taken.insert(seed);
+                    }
+                    out.push(item);
+                }
+            }
+            out
+        } else {
+            items
         };
         let count = items.len() as u64;
         if skipped >= count {
@@ -357,6 +438,11 @@ pub(crate) fn apply(
                 prev,
             };
             let full = marks.len() >= RUN;
+            let seed = match &item {
+                Item::Fs(c) => Some(c.stamp.seed),
+                Item::Sql(c) => Some(c.stamp.seed),
+                _ => None,
+            };
             match (&mut run, item) {
                 (Some(Run::Fs(v)), Item::Fs(c)) if !full => v.push(c),
                 (Some(Run::Sql(v)), Item::Sql(c)) if !full => v.push(c),
@@ -365,24 +451,28 @@ pub(crate) fn apply(
                         *m = new;
                     }
                 }
+                (Some(Run::Repeated), Item::Repeated) if !full => {}
                 (_, item) => {
                     if let Some(r) = run.take() {
-                        commit_run(to, r, &marks, skip, &mut replies, &mut applied_to)?;
+                        commit_run(to, r, &marks, &seeds, skip, &mut replies, &mut applied_to)?;
                     }
                     marks.clear();
+                    seeds.clear();
                     run = Some(match item {
                         Item::Fs(c) => Run::Fs(vec![c]),
                         Item::Sql(c) => Run::Sql(vec![c]),
                         Item::Record(m) => Run::Record(m),
+                        Item::Repeated => Run::Repeated,
                     });
                 }
             }
+            seeds.extend(seed);
             marks.push(mark);
         }
         prev = Some(entry.id);
     }
     if let Some(r) = run {
-        commit_run(to, r, &marks, skip, &mut replies, &mut applied_to)?;
+        commit_run(to, r, &marks, &seeds, skip, &mut replies, &mut applied_to)?;
     }
     Ok(replies.out)
 }
@@ -406,6 +496,7 @@ fn commit_run(
     to: &Appliers<'_>,
     run: Run,
     marks: &[Mark],
+    seeds: &[u64],
     skip: u64,
     replies: &mut Replies,
     applied_to: &mut impl FnMut(LogId),
@@ -431,7 +522,13 @@ fn commit_run(
                 let base = done;
                 let results = to
                     .fs
-                    .apply_group(&group, |conn, n| marks[base + n - 1].record(conn), to.probe)
+                    .apply_group(
+                        &group,
+                        |conn, n| {
+                            record_group(to, conn, &marks[base..base + n], &seeds[base..base + n])
+                        },
+                        to.probe,
+                    )
                     .map_err(|e| halted(done, e))?;
                 let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
                 let changed: Vec<&Stamped<FsOp>> = group[..results.len()]
@@ -463,7 +560,9 @@ fn commit_run(
                     .apply_group(
                         &group,
                         to.budget,
-                        |conn, n| marks[base + n - 1].record(conn),
+                        |conn, n| {
+                            record_group(to, conn, &marks[base..base + n], &seeds[base..base + n])
+                        },
                         to.probe,
                     )
                     .map_err(|e| halted(done, e))?;
@@ -477,6 +576,14 @@ fn commit_run(
                 }
                 done = next;
                 reached(&marks[done - 1]);
+            }
+        }
+        Run::Repeated => {
+            let last = marks[marks.len() - 1];
+            transaction(to.fs.connection(), |conn| last.record(conn)).map_err(|e| halted(0, e))?;
+            reached(&last);
+            for m in marks {
+                replies.push(m, Some(CommandReply::Repeated), skipped(m));
             }
         }
         Run::Record(membership) => {
@@ -494,6 +601,24 @@ fn commit_run(
                 replies.push(m, None, 0);
             }
         }
+    }
+    Ok(())
+}
+
+/// Records, inside a group's transaction, where the log stands once the
+/// group's Commands (`marks`, with their `seeds`) are applied, and the
+/// proposals applied.
+fn record_group(
+    to: &Appliers<'_>,
+    conn: &Connection,
+    marks: &[Mark],
+    seeds: &[u64],
+) -> rusqlite::Result<()> {
+    if let Some(last) = marks.last() {
+        last.record(conn)?;
+    }
+    if to.dedup {
+        remember(conn, seeds, marks)?;
     }
     Ok(())
 }

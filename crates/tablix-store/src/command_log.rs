@@ -440,6 +440,7 @@ pub(crate) fn replay(
         budget: config.max_result_bytes,
         probe: &config.write_probe,
         watch: None,
+        dedup: false,
     };
     let entries = entries
         .into_iter()

@@ -18,16 +18,28 @@ const STORE_MIGRATION_1: &str = "CREATE TABLE main.tablix_meta(
               ) STRICT;
               INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');";
 
+/// The store's second migration: the proposals a replicated store applied
+/// lately, by their stamp's seed, so that one proposed again (sent to a
+/// new leader after the old one had replicated it) is not applied twice.
+/// Frozen.
+const STORE_MIGRATION_5: &str = "CREATE TABLE main.tablix_proposals(
+                  seed  INTEGER PRIMARY KEY,
+                  entry INTEGER NOT NULL
+              ) STRICT;
+              CREATE INDEX main.tablix_proposals_entry ON tablix_proposals(entry);";
+
 /// Every domain's migrations of the persistent database, as (schema
 /// version, SQL). Each domain owns its list and its frozen SQL; the
 /// versions are one sequence across domains, and `PRAGMA user_version`
 /// records the last one applied. A new migration takes the next version.
 /// (The memory database has no migrations: it is created afresh at every
 /// start.)
-const DOMAIN_MIGRATIONS: &[&[(u32, &str)]] =
-    &[&[(1, STORE_MIGRATION_1)], tablix_fs::schema::MIGRATIONS];
+const DOMAIN_MIGRATIONS: &[&[(u32, &str)]] = &[
+    &[(1, STORE_MIGRATION_1), (5, STORE_MIGRATION_5)],
+    tablix_fs::schema::MIGRATIONS,
+];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 4;
+pub const LATEST_SCHEMA_VERSION: u32 = 5;
 
 /// The migrations in the order they run.
 fn migrations() -> Vec<(u32, &'static str)> {
@@ -41,7 +53,10 @@ fn migrations() -> Vec<(u32, &'static str)> {
 
 /// The tables checked at every start, when they exist: the store's own
 /// and each domain's (see `tablix_fs::schema::QUICK_CHECKED`).
-const QUICK_CHECKED: &[&[&str]] = &[&["tablix_meta"], tablix_fs::schema::QUICK_CHECKED];
+const QUICK_CHECKED: &[&[&str]] = &[
+    &["tablix_meta", "tablix_proposals"],
+    tablix_fs::schema::QUICK_CHECKED,
+];
 
 /// Refuses a database whose header, schema or system tables are damaged,
 /// before anything writes to it.
@@ -163,6 +178,7 @@ mod tests {
         (2, 0x650f_ef4b),
         (3, 0xc9c7_3f21),
         (4, 0x1234_c39b),
+        (5, 0xc696_ec04),
     ];
 
     #[test]

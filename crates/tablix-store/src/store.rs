@@ -671,6 +671,9 @@ fn through<T: Send + 'static>(
                 CommandReply::AppliedBefore => Err(StoreError::Replication(
                     "the Command was applied before this node restarted; its reply is lost".into(),
                 )),
+                CommandReply::Repeated => Err(StoreError::Replication(
+                    "the Command was applied once already (sent again after a leader change); its reply is lost".into(),
+                )),
                 other => {
                     let shown = format!("{other:?}");
                     pick(other).ok_or_else(|| {

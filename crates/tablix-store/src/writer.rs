@@ -447,6 +447,7 @@ impl Writer {
             budget: self.config.max_result_bytes,
             probe: &probe,
             watch: Some(&self.fs_watch),
+            dedup: true,
         };
         let r = apply_log::apply(&to, entries, |id| log.applied_to(id));
         Counters::add(&self.counters.batches, 1);

@@ -425,7 +425,13 @@ fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
         // Nothing applied twice at the restart, and the stamp's random()
         // stayed what it was.
         assert_eq!(rows(&store, "SELECT x FROM t"), before);
-        node.propose(Stamped::new(stamp, sql(&["INSERT INTO t VALUES (2)"])))
+        // A proposal of its own stamp (one of the same seed would be taken
+        // for the first sent again).
+        let second = Stamp {
+            unix_nanos: 2,
+            seed: 2,
+        };
+        node.propose(Stamped::new(second, sql(&["INSERT INTO t VALUES (2)"])))
             .await
             .unwrap();
         assert_eq!(
@@ -458,9 +464,13 @@ fn concurrent_proposals_share_entries_and_each_gets_its_own_reply() {
         for n in 1..=CLIENTS {
             let node = Arc::clone(&node);
             clients.spawn(async move {
+                let own = Stamp {
+                    unix_nanos: 1,
+                    seed: 1 + n as u64,
+                };
                 let reply = node
                     .propose(Stamped::new(
-                        stamp,
+                        own,
                         sql(&[&format!("INSERT INTO t(id) VALUES ({n})")]),
                     ))
                     .await

@@ -46,7 +46,7 @@ fn create_entry(index: u64) -> LogEntry {
     entry(
         index,
         EntryPayload::Commands(vec![Stamped::new(
-            stamp(0),
+            stamp(-1000),
             ReplicatedCommand::Sql(crate::sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"])),
         )]),
     )
@@ -167,11 +167,11 @@ fn an_entry_of_several_commands_answers_each_in_its_order() {
     config.log_keeper = LogKeeper::Replication;
     let store = Store::open(config).unwrap();
     let mount = Stamped::new(
-        stamp(0),
+        stamp(-1),
         ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
     );
     let file = Stamped::new(
-        stamp(0),
+        stamp(-2),
         ReplicatedCommand::Fs(FsOp::MakeNode {
             parent: ROOT,
             name: b"f".to_vec(),
@@ -182,7 +182,7 @@ fn an_entry_of_several_commands_answers_each_in_its_order() {
         }),
     );
     let bad = Stamped::new(
-        stamp(0),
+        stamp(-3),
         ReplicatedCommand::Sql(crate::sql(&["INSERT INTO nowhere VALUES (1)"])),
     );
     let entries = vec![
@@ -290,6 +290,64 @@ fn a_power_loss_inside_an_entry_of_many_commands_applies_each_command_once() {
     drop(store);
     // And the record of the part is gone with the entry's completion.
     let store = reopen(dir.path());
-    store.apply_entries(vec![insert_entry(3)]).wait().unwrap();
-    assert_eq!(values(&store).len(), MANY as usize + 1);
+    store
+        .apply_entries(vec![entry(3, EntryPayload::Commands(vec![insert(MANY)]))])
+        .wait()
+        .unwrap();
+    assert_eq!(values(&store), (0..=MANY).collect::<Vec<i64>>());
+}
+
+#[test]
+fn a_proposal_sent_again_in_a_later_entry_is_not_applied_twice() {
+    // A deposed leader had replicated entry 2; the forwarder, told "not
+    // leader", sent the same proposal (same stamp) to the new leader,
+    // which logged it again as entry 4.
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        let mut config = tablix_store::StoreConfig::new(dir.path());
+        config.log_keeper = LogKeeper::Replication;
+        Store::open(config).unwrap()
+    };
+    let store = open();
+    let replies = store
+        .apply_entries(vec![
+            create_entry(1),
+            insert_entry(2),
+            insert_entry(3),
+            entry(4, EntryPayload::Commands(vec![insert(2), insert(4)])),
+        ])
+        .wait()
+        .unwrap();
+    let EntryReply::Commands(last) = &replies[3] else {
+        panic!("{:?}", replies[3]);
+    };
+    assert_eq!(last[0], CommandReply::Repeated, "{last:?}");
+    assert!(matches!(last[1], CommandReply::Sql(_)), "{last:?}");
+    assert_eq!(values(&store), vec![2, 3, 4]);
+    drop(store);
+    // Remembered across a restart, and within one entry too.
+    let store = open();
+    let replies = store
+        .apply_entries(vec![entry(
+            5,
+            EntryPayload::Commands(vec![insert(3), insert(5), insert(5)]),
+        )])
+        .wait()
+        .unwrap();
+    assert_eq!(
+        replies[0],
+        EntryReply::Commands(vec![
+            CommandReply::Repeated,
+            match &replies[0] {
+                EntryReply::Commands(v) => v[1].clone(),
+                other => panic!("{other:?}"),
+            },
+            CommandReply::Repeated,
+        ])
+    );
+    assert_eq!(values(&store), vec![2, 3, 4, 5]);
+    assert_eq!(
+        store.applied_state().unwrap().applied,
+        Some(LogId { term: 1, index: 5 })
+    );
 }
