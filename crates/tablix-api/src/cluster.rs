@@ -15,8 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tablix_raft::{ClusterHandle, JoinRequest, NodeReport};
+use tablix_raft::{ClusterHandle, JoinRequest, NodeReport, ReadBarrier};
 
+use crate::options::Level;
 use crate::server::{App, Failure, Who, reply, require};
 
 /// How long `/nodes` waits for each member's answer.
@@ -210,4 +211,28 @@ pub(crate) fn status_fields(app: &App) -> Option<(Value, Value, Value)> {
     });
     let cluster = serde_json::to_value(&s).unwrap_or(Value::Null);
     Some((raft, leader, cluster))
+}
+
+/// On a cluster node, waits until the node's state may serve a read of
+/// `level`: `none` reads at once; `weak` (the default) once this node
+/// applied what the leader has; `linearizable` once it applied what the
+/// leader had committed when a quorum confirmed it leads; `strong` once it
+/// applied an entry of the read's own through the log; `auto` is `none`
+/// on a learner and `weak` elsewhere. A daemon that is not a cluster node
+/// serves every level from its latest committed state.
+pub(crate) async fn before_read(app: &App, level: Level) -> Result<(), Failure> {
+    let Some(cluster) = &app.config.cluster else {
+        return Ok(());
+    };
+    let barrier = match level {
+        Level::None => return Ok(()),
+        Level::Auto if cluster.is_learner() => return Ok(()),
+        Level::Weak | Level::Auto => ReadBarrier::Leader,
+        Level::Linearizable => ReadBarrier::Quorum,
+        Level::Strong => ReadBarrier::Log,
+    };
+    cluster
+        .read_barrier(barrier)
+        .await
+        .map_err(|e| Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
 }

@@ -1,7 +1,8 @@
 //! URL query options, as rqlite names them.
 
 /// Read consistency asked for. A single node serves every level from its
-/// latest committed state, which satisfies all of them.
+/// latest committed state, which satisfies all of them; a cluster node
+/// waits as `cluster::before_read` says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Level {
     None,

@@ -336,6 +336,7 @@ async fn read(
 ) -> Result<Response, Failure> {
     let caller = &who.0;
     require(caller.perms.query, caller, "query")?;
+    crate::cluster::before_read(app, o.level).await?;
     let started = Instant::now();
     let limits = app.limits(o, false, who.1.as_ref());
     let cancel = CancelOnDrop(limits.cancel.clone());

@@ -122,6 +122,21 @@ pub struct JoinRequest {
     pub voter: bool,
 }
 
+/// What a read waits for before it runs on a node's own state (rqlite's
+/// read consistency levels; `none` waits for nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadBarrier {
+    /// The state the leader has applied, as the leader knows it without
+    /// asking anyone (rqlite's `weak`: a deposed leader that does not know
+    /// it yet may answer for a moment).
+    Leader,
+    /// What the leader had committed when a quorum confirmed it still
+    /// leads (`linearizable`; openraft's read index, no log write).
+    Quorum,
+    /// An entry of its own through the log (`strong`).
+    Log,
+}
+
 /// A request to remove a node.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RemoveRequest {
@@ -352,6 +367,103 @@ impl Shared {
         }
     }
 
+    /// On the leader: the index (openraft's) a node must have applied
+    /// before a read of `barrier` runs on its state.
+    pub(crate) async fn read_index_here(&self, barrier: ReadBarrier) -> Result<u64, ProposeError> {
+        let leader = self.raft.metrics().borrow().current_leader;
+        if leader != Some(self.id) {
+            return Err(ProposeError::NotLeader { leader });
+        }
+        match barrier {
+            ReadBarrier::Leader => Ok(self
+                .raft
+                .metrics()
+                .borrow()
+                .last_applied
+                .map_or(0, |l| l.index)),
+            ReadBarrier::Quorum => match self.raft.ensure_linearizable().await {
+                Ok(read) => Ok(read.map_or(0, |l| l.index)),
+                Err(e) => match e.forward_to_leader() {
+                    Some(f) => Err(ProposeError::NotLeader {
+                        leader: f.leader_id,
+                    }),
+                    None => Err(ProposeError::Raft(e.to_string())),
+                },
+            },
+            ReadBarrier::Log => match self.raft.client_write(Vec::new()).await {
+                Ok(r) => Ok(r.log_id.index),
+                Err(e) => Err(ProposeError::of(e)),
+            },
+        }
+    }
+
+    /// Waits until this node's state may serve a read of `barrier`: the
+    /// leader (this node, or the one asked over its service) says which
+    /// index, and this node applies up to it. Waits up to `leader_wait`
+    /// for a leader.
+    pub(crate) async fn read_barrier(&self, barrier: ReadBarrier) -> Result<(), StoreError> {
+        let deadline = Instant::now() + self.leader_wait;
+        let mut last = String::from("no leader is known");
+        loop {
+            let index = match self.leader() {
+                Some((id, _)) if id == self.id => match self.read_index_here(barrier).await {
+                    Ok(i) => Some(i),
+                    Err(e @ ProposeError::NotLeader { .. }) => {
+                        last = e.to_string();
+                        None
+                    }
+                    Err(e) => return Err(StoreError::Replication(e.to_string())),
+                },
+                Some((id, addr)) => {
+                    let answer: Result<Result<u64, ProposeError>, TransportError> = self
+                        .transport
+                        .call(&addr, path::READ_INDEX, &barrier, self.leader_wait)
+                        .await;
+                    match answer {
+                        Ok(Ok(i)) => Some(i),
+                        Ok(Err(e @ ProposeError::NotLeader { .. })) => {
+                            last = e.to_string();
+                            None
+                        }
+                        Err(e @ TransportError::Unreachable { .. }) => {
+                            last = e.to_string();
+                            None
+                        }
+                        Ok(Err(e)) => {
+                            return Err(StoreError::Replication(format!(
+                                "the leader, node {id}, refused the read: {e}"
+                            )));
+                        }
+                        Err(e) => return Err(StoreError::Replication(e.to_string())),
+                    }
+                }
+                None => None,
+            };
+            if let Some(index) = index {
+                let left = deadline.saturating_duration_since(Instant::now());
+                return self
+                    .raft
+                    .wait(Some(left.max(Duration::from_millis(100))))
+                    .applied_index_at_least(Some(index), "a read barrier")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        StoreError::NoLeader(format!(
+                            "this node did not apply up to the leader's entry {} in time: {e}",
+                            index + 1
+                        ))
+                    });
+            }
+            if Instant::now() >= deadline {
+                return Err(StoreError::NoLeader(format!(
+                    "no leader answered within {:?} ({last})",
+                    self.leader_wait
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Adds a node (on the leader; another node sends it there).
     pub(crate) async fn join(&self, request: JoinRequest) -> Result<(), String> {
         match self.leader() {
@@ -530,6 +642,17 @@ impl ClusterHandle {
 
     pub async fn remove(&self, id: NodeId) -> Result<(), String> {
         self.0.remove(RemoveRequest { id }).await
+    }
+
+    /// Waits until this node's state may serve a read of `barrier`.
+    pub async fn read_barrier(&self, barrier: ReadBarrier) -> Result<(), StoreError> {
+        self.0.read_barrier(barrier).await
+    }
+
+    /// Whether this node is a learner (a member that does not vote).
+    pub fn is_learner(&self) -> bool {
+        let s = self.0.status();
+        s.members.iter().any(|m| m.id == s.id && !m.voter)
     }
 }
 

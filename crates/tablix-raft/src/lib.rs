@@ -25,7 +25,7 @@ mod types;
 
 pub use cluster::{
     ClusterConfig, ClusterError, ClusterHandle, ClusterNode, ClusterStatus, JoinRequest, LOG_DIR,
-    Member, NodeReport, RemoveRequest, SNAPSHOT_DIR, Start,
+    Member, NodeReport, ReadBarrier, RemoveRequest, SNAPSHOT_DIR, Start,
 };
 pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};

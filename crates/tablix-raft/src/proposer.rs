@@ -183,7 +183,7 @@ fn size(command: &Stamped<ReplicatedCommand>) -> usize {
 }
 
 impl ProposeError {
-    fn of(e: RaftError<NodeId, ClientWriteError<NodeId, crate::Node>>) -> ProposeError {
+    pub(crate) fn of(e: RaftError<NodeId, ClientWriteError<NodeId, crate::Node>>) -> ProposeError {
         match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => ProposeError::NotLeader {
                 leader: f.leader_id,

@@ -27,6 +27,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(path::VOTE, post(vote))
         .route(path::SNAPSHOT, post(snapshot))
         .route(path::PROPOSE, post(propose))
+        .route(path::READ_INDEX, post(read_index))
         .route(path::JOIN, post(join))
         .route(path::REMOVE, post(remove))
         .route(path::STATUS, get(status))
@@ -78,6 +79,13 @@ async fn snapshot(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
 async fn propose(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     match decode(&body) {
         Ok(command) => encode(&s.proposer.propose_at(command).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn read_index(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode(&body) {
+        Ok(barrier) => encode(&s.read_index_here(barrier).await),
         Err(m) => bad_request(m),
     }
 }

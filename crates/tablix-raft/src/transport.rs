@@ -36,6 +36,7 @@ pub(crate) mod path {
     pub const VOTE: &str = "/raft/vote";
     pub const SNAPSHOT: &str = "/raft/snapshot";
     pub const PROPOSE: &str = "/raft/propose";
+    pub const READ_INDEX: &str = "/raft/read-index";
     pub const JOIN: &str = "/raft/join";
     pub const REMOVE: &str = "/raft/remove";
     pub const STATUS: &str = "/raft/status";

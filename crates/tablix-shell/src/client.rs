@@ -50,6 +50,8 @@ pub struct Client {
     transport: Transport,
     /// HTTP Basic credentials, sent with every request.
     authorization: Option<String>,
+    /// The read consistency level reads ask for (`.consistency`).
+    level: Option<String>,
 }
 
 /// Largest response the client takes whole (the daemon bounds results).
@@ -68,6 +70,7 @@ impl Client {
                 runtime,
             },
             authorization: None,
+            level: None,
         })
     }
 
@@ -123,6 +126,7 @@ impl Client {
                 agent: config.build().into(),
             },
             authorization: None,
+            level: None,
         })
     }
 
@@ -269,17 +273,35 @@ impl Client {
         statements: &[String],
         transaction: bool,
     ) -> Result<Vec<Reply>, ClientError> {
-        let path = if transaction {
-            "/db/request?blob_array&transaction"
-        } else {
-            "/db/request?blob_array"
-        };
-        self.results(self.post(path, &json!(statements))?)
+        let path = format!(
+            "/db/request?blob_array{}{}",
+            if transaction { "&transaction" } else { "" },
+            self.level_option()
+        );
+        self.results(self.post(&path, &json!(statements))?)
     }
 
     /// Runs read-only statements on one snapshot through `/db/query`.
     pub fn query(&self, statements: &[String]) -> Result<Vec<Reply>, ClientError> {
-        self.results(self.post("/db/query?blob_array", &json!(statements))?)
+        let path = format!("/db/query?blob_array{}", self.level_option());
+        self.results(self.post(&path, &json!(statements))?)
+    }
+
+    /// Asks for reads at rqlite's consistency `level` from now on (none:
+    /// the daemon's default, weak).
+    pub fn set_level(&mut self, level: Option<String>) {
+        self.level = level;
+    }
+
+    pub fn level(&self) -> Option<&str> {
+        self.level.as_deref()
+    }
+
+    fn level_option(&self) -> String {
+        self.level
+            .as_ref()
+            .map(|l| format!("&level={l}"))
+            .unwrap_or_default()
     }
 
     /// Checks that a daemon answers and takes this client's requests.

@@ -3,10 +3,14 @@
 use crate::format::Mode;
 
 pub(crate) const HELP: &str = "\
+.consistency ?LEVEL?     Show or set the read consistency: none, weak,
+                         linearizable, strong or auto (a cluster's reads)
 .dump ?TABLE...?         Render the user tables (or those named) as SQL
 .headers on|off          Turn column headers on or off (csv, list modes)
 .help                    Show this message
+.leader                  Show the cluster's leader
 .mode ?MODE?             Set the output mode: table, csv, json, line, list
+.nodes                   Show the cluster's nodes, as the daemon asked sees them
 .quit, .exit             Leave the shell
 .read FILE               Run the SQL and dot-commands in FILE
 .schema ?PATTERN?        Show CREATE statements (LIKE pattern on the name)
@@ -16,7 +20,10 @@ pub(crate) const HELP: &str = "\
 
 #[derive(Debug, PartialEq)]
 pub(crate) enum Dot {
+    Consistency(Option<String>),
     Dump(Vec<String>),
+    Leader,
+    Nodes,
     Headers(bool),
     Help,
     Mode(Option<Mode>),
@@ -26,6 +33,9 @@ pub(crate) enum Dot {
     Tables(Option<String>),
     Timer(bool),
 }
+
+/// rqlite's read consistency levels.
+pub(crate) const LEVELS: &[&str] = &["none", "weak", "linearizable", "strong", "auto"];
 
 fn on_off(args: &[String], what: &str) -> Result<bool, String> {
     match args.first().map(|s| s.to_ascii_lowercase()).as_deref() {
@@ -72,7 +82,16 @@ pub(crate) fn parse(line: &str) -> Result<Dot, String> {
     let name = w.remove(0);
     let args = w;
     match name.as_str() {
+        "consistency" => match args.first().map(|l| l.to_ascii_lowercase()) {
+            None => Ok(Dot::Consistency(None)),
+            Some(l) if LEVELS.contains(&l.as_str()) => Ok(Dot::Consistency(Some(l))),
+            Some(l) => Err(format!(
+                "unknown consistency level {l:?}: use none, weak, linearizable, strong or auto"
+            )),
+        },
         "dump" => Ok(Dot::Dump(args)),
+        "leader" => Ok(Dot::Leader),
+        "nodes" => Ok(Dot::Nodes),
         "headers" | "header" => on_off(&args, "headers").map(Dot::Headers),
         "help" => Ok(Dot::Help),
         "mode" => match args.first() {
@@ -119,5 +138,17 @@ mod tests {
         assert!(parse(".mode yaml").unwrap_err().contains("unknown mode"));
         assert!(parse(".timer maybe").unwrap_err().contains("usage"));
         assert!(parse(".read").unwrap_err().contains("usage"));
+        assert_eq!(parse(".nodes"), Ok(Dot::Nodes));
+        assert_eq!(parse(".leader"), Ok(Dot::Leader));
+        assert_eq!(parse(".consistency"), Ok(Dot::Consistency(None)));
+        assert_eq!(
+            parse(".consistency Strong"),
+            Ok(Dot::Consistency(Some("strong".into())))
+        );
+        assert!(
+            parse(".consistency eventual")
+                .unwrap_err()
+                .contains("unknown consistency level")
+        );
     }
 }

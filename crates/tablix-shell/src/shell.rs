@@ -250,6 +250,12 @@ impl<W: Write> Shell<W> {
         }
     }
 
+    /// The cluster's nodes, voters and learners, as the daemon sees them.
+    fn nodes(&self) -> Result<Vec<serde_json::Value>, ShellError> {
+        let seen = self.client.get_json("/nodes?ver=2&nonvoters")?;
+        Ok(seen["nodes"].as_array().cloned().unwrap_or_default())
+    }
+
     fn dot(&mut self, line: &str) -> Result<(), ShellError> {
         let cmd = dot::parse(line).map_err(ShellError::Usage)?;
         match cmd {
@@ -297,6 +303,53 @@ impl<W: Write> Shell<W> {
                 let text = dump(&self.client, &tables)?;
                 self.out.write_all(text.as_bytes())?;
             }
+            Dot::Consistency(Some(level)) => self.client.set_level(Some(level)),
+            Dot::Consistency(None) => writeln!(
+                self.out,
+                "{}",
+                self.client.level().unwrap_or("weak (the daemon's default)")
+            )?,
+            Dot::Nodes => {
+                for n in self.nodes()? {
+                    writeln!(
+                        self.out,
+                        "{}: raft {}, api {}, {}{}{}",
+                        n["id"].as_str().unwrap_or("?"),
+                        n["addr"].as_str().unwrap_or("?"),
+                        n["api_addr"]
+                            .as_str()
+                            .filter(|a| !a.is_empty())
+                            .unwrap_or("-"),
+                        if n["voter"] == true {
+                            "voter"
+                        } else {
+                            "learner"
+                        },
+                        if n["leader"] == true { ", leader" } else { "" },
+                        if n["reachable"] == true {
+                            String::new()
+                        } else {
+                            format!(
+                                ", unreachable ({})",
+                                n["error"].as_str().unwrap_or("no answer")
+                            )
+                        },
+                    )?;
+                }
+            }
+            Dot::Leader => match self.nodes()?.into_iter().find(|n| n["leader"] == true) {
+                Some(n) => writeln!(
+                    self.out,
+                    "node {} (api {}, raft {})",
+                    n["id"].as_str().unwrap_or("?"),
+                    n["api_addr"]
+                        .as_str()
+                        .filter(|a| !a.is_empty())
+                        .unwrap_or("-"),
+                    n["addr"].as_str().unwrap_or("?")
+                )?,
+                None => writeln!(self.out, "no leader is known")?,
+            },
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tablix_raft::{ClusterConfig, ClusterNode, Start};
+use tablix_raft::{ClusterConfig, ClusterNode, ReadBarrier, Start};
 use tablix_store::{LogKeeper, ReplicatedCommand, Stamp, Stamped, Store, StoreConfig, Value};
 
 use super::{file, make_file, rows, runtime, sql};
@@ -122,6 +122,28 @@ fn three_nodes_take_writes_through_any_node_and_survive_losing_the_leader() {
             .await
             .unwrap();
         assert_eq!(count(follower), 1, "the follower applied its own write");
+        // After a write through another node, a read barrier of every
+        // level makes the third node's state hold it before its read.
+        for (n, barrier) in [ReadBarrier::Leader, ReadBarrier::Quorum, ReadBarrier::Log]
+            .into_iter()
+            .enumerate()
+        {
+            nodes[1]
+                .0
+                .propose(stamped(
+                    100 + n as i64,
+                    sql(&["INSERT INTO t VALUES (100)"]),
+                ))
+                .await
+                .unwrap();
+            nodes[2].0.handle().read_barrier(barrier).await.unwrap();
+            assert_eq!(count(&nodes[2].1), 2 + n as i64, "{barrier:?}");
+        }
+        nodes[1]
+            .0
+            .propose(stamped(200, sql(&["DELETE FROM t WHERE x = 100"])))
+            .await
+            .unwrap();
         // A file made through another follower's store.
         let (_, other) = &nodes[2];
         let made = other

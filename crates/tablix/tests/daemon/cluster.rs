@@ -140,6 +140,35 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     eventually("the row on node 1", || {
         rows(d1, "SELECT count(*) FROM t") == vec![vec![serde_json::json!(1)]]
     });
+    // A linearizable read on one follower right after a write through the
+    // other sees it.
+    for n in 2..=5 {
+        let r = d3.post("/db/execute", &format!(r#"["INSERT INTO t VALUES ({n})"]"#));
+        assert_eq!(r["results"][0]["rows_affected"], 1, "{r}");
+        let q: serde_json::Value = {
+            let mut r = ureq::get(format!(
+                "http://{}/db/query?level=linearizable&q=SELECT%20count(*)%20FROM%20t",
+                d2.addr
+            ))
+            .call()
+            .unwrap();
+            serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+        };
+        assert_eq!(q["results"][0]["values"][0][0], n, "{q}");
+    }
+    // The shell's cluster dot-commands, through any node.
+    let out = std::process::Command::new(BIN)
+        .args(["sql", "--addr", &d3.addr, ".nodes", ".leader"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(
+        text.lines().filter(|l| l.contains("voter")).count(),
+        3,
+        "{text}"
+    );
+    assert!(text.contains("node 1 (api http://"), "{text}");
 
     // The leader dies; a write through another mount goes on.
     let dead = leader(&nodes[1].raft).unwrap();
