@@ -20,8 +20,10 @@ use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::group::{self, BEGIN_WRITE};
 use crate::outcome::{FsResult, SqlReply};
+use crate::proposals::{Proposals, Recorded};
 use crate::sql_writer::SqlWriter;
 use crate::write_point::WriteProbe;
+use std::cell::RefCell;
 
 /// One entry of a log replication keeps, committed, for the store to
 /// apply. Its id is the log's: indexes from 1, each one after the last
@@ -216,38 +218,6 @@ enum Item {
     Repeated,
 }
 
-/// Entries over which a replicated store remembers the proposals it
-/// applied (`tablix_proposals`): a proposal sent again comes within
-/// seconds (a leader change), far inside this many entries.
-const REMEMBERED: u64 = 100_000;
-
-/// Whether a proposal of this seed was applied by an earlier entry.
-fn applied_before(conn: &Connection, seed: u64) -> rusqlite::Result<bool> {
-    conn.prepare_cached("SELECT 1 FROM main.tablix_proposals WHERE seed = ?1")?
-        .query_row([seed as i64], |_| Ok(()))
-        .optional()
-        .map(|found| found.is_some())
-}
-
-/// Records in the open transaction that the proposals `seeds` were applied
-/// by the entries `marks` name, and forgets those applied more than
-/// [`REMEMBERED`] entries before.
-fn remember(conn: &Connection, seeds: &[u64], marks: &[Mark]) -> rusqlite::Result<()> {
-    let mut insert = conn.prepare_cached(
-        "INSERT OR REPLACE INTO main.tablix_proposals(seed, entry) VALUES (?1, ?2)",
-    )?;
-    for (seed, mark) in seeds.iter().zip(marks) {
-        insert.execute([*seed as i64, mark.entry.index as i64])?;
-    }
-    if let Some(last) = marks.last()
-        && last.entry.index > REMEMBERED
-    {
-        conn.prepare_cached("DELETE FROM main.tablix_proposals WHERE entry <= ?1")?
-            .execute([(last.entry.index - REMEMBERED) as i64])?;
-    }
-    Ok(())
-}
-
 /// A file-system Command replication applied: what it may have made
 /// stale in a kernel's caches, for the mount of this node to invalidate
 /// unless the Command came through that mount (its stamp's seed says).
@@ -274,10 +244,13 @@ pub(crate) struct Appliers<'a> {
     pub(crate) probe: &'a WriteProbe,
     /// Told each applied file-system Command, if set.
     pub(crate) watch: Option<&'a FsWatch>,
-    /// Whether proposals are remembered by seed and a repeat is not
-    /// applied (replication's entries: a proposal may be sent again to a
-    /// new leader; the store's own log never repeats one).
-    pub(crate) dedup: bool,
+    /// The proposals applied lately, when a repeat is not to be applied
+    /// (replication's entries: a proposal may be sent again to a new
+    /// leader; the store's own log never repeats one).
+    pub(crate) dedup: Option<&'a RefCell<Proposals>>,
+    /// What the last group's transaction recorded of them, for the
+    /// memory to follow once it commits.
+    pub(crate) recorded: RefCell<Option<Recorded>>,
 }
 
 impl Appliers<'_> {
@@ -381,7 +354,7 @@ pub(crate) fn apply(
                 })
                 .collect(),
         };
-        let items: Vec<Item> = if to.dedup {
+        let items: Vec<Item> = if let Some(known) = to.dedup {
             let mut out = Vec::with_capacity(items.len());
             for item in items {
                 let seed = match &item {
@@ -389,18 +362,8 @@ pub(crate) fn apply(
                     Item::Sql(c) => Some(c.stamp.seed),
                     _ => None,
                 };
-                let repeat = match seed {
-                    Some(seed) => {
-                        taken.contains(&seed)
-                            || applied_before(to.fs.connection(), seed).map_err(|e| Halted {
-                                at: entry.id.index,
-                                error: StoreError::Apply(format!(
-                                    "reading the proposals applied: {e}"
-                                )),
-                            })?
-                    }
-                    None => false,
-                };
+                let repeat =
+                    seed.is_some_and(|seed| taken.contains(&seed) || known.borrow().contains(seed));
                 if repeat {
                     out.push(Item::Repeated);
                 } else {
@@ -530,6 +493,7 @@ fn commit_run(
                         to.probe,
                     )
                     .map_err(|e| halted(done, e))?;
+                to.committed();
                 let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
                 let changed: Vec<&Stamped<FsOp>> = group[..results.len()]
                     .iter()
@@ -566,6 +530,7 @@ fn commit_run(
                         to.probe,
                     )
                     .map_err(|e| halted(done, e))?;
+                to.committed();
                 let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
                 for (m, r) in marks[done..next].iter().zip(results) {
                     let reply = match r {
@@ -617,10 +582,25 @@ fn record_group(
     if let Some(last) = marks.last() {
         last.record(conn)?;
     }
-    if to.dedup {
-        remember(conn, seeds, marks)?;
+    if let Some(known) = to.dedup {
+        let applied: Vec<(u64, u64)> = marks
+            .iter()
+            .zip(seeds)
+            .map(|(m, s)| (m.entry.index, *s))
+            .collect();
+        let recorded = known.borrow().record(conn, &applied)?;
+        *to.recorded.borrow_mut() = Some(recorded);
     }
     Ok(())
+}
+
+impl Appliers<'_> {
+    /// The memory of proposals follows the group that just committed.
+    fn committed(&self) {
+        if let (Some(known), Some(r)) = (self.dedup, self.recorded.borrow_mut().take()) {
+            known.borrow_mut().commit(r);
+        }
+    }
 }
 
 /// Where a run stands after a group of `applied` more entries: a group

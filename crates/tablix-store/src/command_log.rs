@@ -440,7 +440,8 @@ pub(crate) fn replay(
         budget: config.max_result_bytes,
         probe: &config.write_probe,
         watch: None,
-        dedup: false,
+        dedup: None,
+        recorded: std::cell::RefCell::new(None),
     };
     let entries = entries
         .into_iter()

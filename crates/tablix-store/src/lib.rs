@@ -34,6 +34,7 @@ mod lock;
 mod outcome;
 mod policy;
 mod principal;
+mod proposals;
 mod read_conn;
 mod readers;
 mod sandbox;

@@ -19,14 +19,13 @@ const STORE_MIGRATION_1: &str = "CREATE TABLE main.tablix_meta(
               INSERT INTO main.tablix_meta(key, value) VALUES ('format', 'tablix');";
 
 /// The store's second migration: the proposals a replicated store applied
-/// lately, by their stamp's seed, so that one proposed again (sent to a
-/// new leader after the old one had replicated it) is not applied twice.
-/// Frozen.
+/// lately, as the stamp seeds each entry applied (`proposals.rs`), so that
+/// one proposed again (sent to a new leader after the old one had
+/// replicated it) is not applied twice. Frozen.
 const STORE_MIGRATION_5: &str = "CREATE TABLE main.tablix_proposals(
-                  seed  INTEGER PRIMARY KEY,
-                  entry INTEGER NOT NULL
-              ) STRICT;
-              CREATE INDEX main.tablix_proposals_entry ON tablix_proposals(entry);";
+                  entry INTEGER PRIMARY KEY,
+                  seeds BLOB NOT NULL
+              ) STRICT;";
 
 /// Every domain's migrations of the persistent database, as (schema
 /// version, SQL). Each domain owns its list and its frozen SQL; the
@@ -178,7 +177,7 @@ mod tests {
         (2, 0x650f_ef4b),
         (3, 0xc9c7_3f21),
         (4, 0x1234_c39b),
-        (5, 0xc696_ec04),
+        (5, 0xebed_41f5),
     ];
 
     #[test]

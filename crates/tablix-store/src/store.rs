@@ -244,6 +244,7 @@ impl Store {
             counters: Arc::clone(&counters),
             wal: WalFile::of(&config.database_path()),
             fs_watch: Arc::clone(&fs_watch),
+            proposals: std::cell::RefCell::new(None),
         };
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())

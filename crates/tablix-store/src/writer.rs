@@ -20,6 +20,7 @@ use crate::command_log::{self, CommandLog, failure_of};
 use crate::config::{Durability, StoreConfig};
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
+use crate::proposals::Proposals;
 use crate::sql_writer::{Held, SqlWriter};
 use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem};
 use crate::stats::Counters;
@@ -65,6 +66,10 @@ pub(crate) struct Writer {
     pub(crate) wal: WalFile,
     /// Told the file-system Commands replication applies.
     pub(crate) fs_watch: crate::apply_log::FsWatch,
+    /// The proposals replication's entries applied lately, as the state
+    /// holds them; loaded at the first entries applied, and again after
+    /// a snapshot replaced the state.
+    pub(crate) proposals: std::cell::RefCell<Option<Proposals>>,
 }
 
 impl Writer {
@@ -438,6 +443,13 @@ impl Writer {
             last = e.id.index;
         }
         let fs = self.fs()?;
+        let known = match self.proposals.borrow_mut().take() {
+            Some(p) => p,
+            None => {
+                Proposals::load(fs.connection()).map_err(|e| log.stop(SqliteFailure::of(&e)))?
+            }
+        };
+        let known = std::cell::RefCell::new(known);
         let limits = self.config.write_limits();
         let probe = log.probe().clone();
         let to = Appliers {
@@ -447,9 +459,13 @@ impl Writer {
             budget: self.config.max_result_bytes,
             probe: &probe,
             watch: Some(&self.fs_watch),
-            dedup: true,
+            dedup: Some(&known),
+            recorded: std::cell::RefCell::new(None),
         };
         let r = apply_log::apply(&to, entries, |id| log.applied_to(id));
+        drop(to);
+        // What committed groups recorded; a failed group left nothing.
+        *self.proposals.borrow_mut() = Some(known.into_inner());
         Counters::add(&self.counters.batches, 1);
         match r {
             Ok(replies) => {
@@ -475,6 +491,7 @@ impl Writer {
             ));
         }
         log.running()?;
+        self.proposals.borrow_mut().take();
         let mut fs = self.fs()?;
         match fs.install(path) {
             Ok(state) => {
