@@ -316,10 +316,24 @@ impl Shared {
         loop {
             match self.leader() {
                 Some((id, _)) if id == self.id => {
-                    match self.proposer.propose_at(command.clone()).await {
-                        Ok(c) => return Ok(c.reply),
-                        Err(e @ ProposeError::NotLeader { .. }) => last = e.to_string(),
-                        Err(e) => return Err(StoreError::Replication(e.to_string())),
+                    // A leader cut off from its quorum does not know it:
+                    // its entry waits for a commit that may never come.
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let proposed = tokio::time::timeout(
+                        left.max(Duration::from_millis(100)),
+                        self.proposer.propose_at(command.clone()),
+                    )
+                    .await;
+                    match proposed {
+                        Ok(Ok(c)) => return Ok(c.reply),
+                        Ok(Err(e @ ProposeError::NotLeader { .. })) => last = e.to_string(),
+                        Ok(Err(e)) => return Err(StoreError::Replication(e.to_string())),
+                        Err(_) => {
+                            return Err(StoreError::Replication(format!(
+                                "this node leads but a majority did not take the Command within {:?} (a partition?); it is applied only if this node's leadership holds",
+                                self.leader_wait
+                            )));
+                        }
                     }
                 }
                 Some((id, addr)) => {
@@ -406,14 +420,28 @@ impl Shared {
         let mut last = String::from("no leader is known");
         loop {
             let index = match self.leader() {
-                Some((id, _)) if id == self.id => match self.read_index_here(barrier).await {
-                    Ok(i) => Some(i),
-                    Err(e @ ProposeError::NotLeader { .. }) => {
-                        last = e.to_string();
-                        None
+                Some((id, _)) if id == self.id => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let asked = tokio::time::timeout(
+                        left.max(Duration::from_millis(100)),
+                        self.read_index_here(barrier),
+                    )
+                    .await;
+                    match asked {
+                        Ok(Ok(i)) => Some(i),
+                        Ok(Err(e @ ProposeError::NotLeader { .. })) => {
+                            last = e.to_string();
+                            None
+                        }
+                        Ok(Err(e)) => return Err(StoreError::NoLeader(e.to_string())),
+                        Err(_) => {
+                            return Err(StoreError::NoLeader(format!(
+                                "no majority confirmed this node's leadership within {:?}",
+                                self.leader_wait
+                            )));
+                        }
                     }
-                    Err(e) => return Err(StoreError::Replication(e.to_string())),
-                },
+                }
                 Some((id, addr)) => {
                     let answer: Result<Result<u64, ProposeError>, TransportError> = self
                         .transport
@@ -690,10 +718,11 @@ impl ClusterNode {
         }
         .validate()
         .map_err(raft_error)?;
+        let transport = Transport::new();
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            Network::default(),
+            Network::over(transport.clone()),
             LogStore::new(log),
             sm,
         )
@@ -704,7 +733,7 @@ impl ClusterNode {
             addr: advertise.clone(),
             proposer: Proposer::new(raft.clone(), ProposerConfig::default()),
             raft,
-            transport: Transport::new(),
+            transport,
             leader_wait: config.leader_wait,
             changing: tokio::sync::Mutex::new(()),
             api_addr: std::sync::RwLock::new(None),
@@ -812,6 +841,12 @@ impl ClusterNode {
 
     pub fn status(&self) -> ClusterStatus {
         self.shared.status()
+    }
+
+    /// This node's transport to the others (tests cut it to make
+    /// partitions).
+    pub fn transport(&self) -> &Transport {
+        &self.shared.transport
     }
 
     pub fn handle(&self) -> ClusterHandle {

@@ -69,10 +69,13 @@ pub enum TransportError {
 }
 
 /// An HTTP client for nodes' raft services. Clones share its pool of
-/// connections.
+/// connections, and the addresses it is cut off from.
 #[derive(Clone)]
 pub struct Transport {
     client: Client<HttpConnector, Full<Bytes>>,
+    /// Addresses this node acts as if it could not reach (a partition,
+    /// injected by tests with [`Transport::cut_off`]).
+    cut: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
 }
 
 impl Default for Transport {
@@ -89,7 +92,29 @@ impl Transport {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
-        Transport { client }
+        Transport {
+            client,
+            cut: Default::default(),
+        }
+    }
+
+    /// From now on every request to `addr` fails as if the network
+    /// between them were down (nothing is sent): partitions in tests.
+    pub fn cut_off(&self, addr: &str) {
+        if let Ok(mut cut) = self.cut.write() {
+            cut.insert(addr.to_string());
+        }
+    }
+
+    /// Undoes every [`Transport::cut_off`].
+    pub fn heal(&self) {
+        if let Ok(mut cut) = self.cut.write() {
+            cut.clear();
+        }
+    }
+
+    fn is_cut(&self, addr: &str) -> bool {
+        self.cut.read().map(|c| c.contains(addr)).unwrap_or(false)
     }
 
     /// Sends one request and reads its answer whole, within `ttl`:
@@ -106,6 +131,12 @@ impl Transport {
             addr: addr.to_string(),
             message,
         };
+        if self.is_cut(addr) {
+            return Err(TransportError::Unreachable {
+                addr: addr.to_string(),
+                message: "cut off (a partition)".into(),
+            });
+        }
         let request = Request::builder()
             .method(method)
             .uri(format!("http://{addr}{path}"))
@@ -197,6 +228,14 @@ fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
 #[derive(Clone, Default)]
 pub struct Network {
     transport: Transport,
+}
+
+impl Network {
+    /// A network that sends through `transport` (and shares its pool and
+    /// its partitions).
+    pub fn over(transport: Transport) -> Network {
+        Network { transport }
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {

@@ -46,6 +46,20 @@ async fn start(
     (node, store)
 }
 
+/// Starts node `id` with a short wait for a leader.
+async fn start_impatient(id: u64, dir: &Path, start: Start) -> (ClusterNode, Arc<Store>) {
+    let mut config = StoreConfig::new(dir.join("data"));
+    config.log_keeper = LogKeeper::Replication;
+    let store = Arc::new(Store::open(config).unwrap());
+    let mut cluster = ClusterConfig::new(id, LOOPBACK.parse().unwrap(), dir);
+    cluster.start = start;
+    cluster.leader_wait = Duration::from_secs(2);
+    let node = ClusterNode::start(cluster, Arc::clone(&store))
+        .await
+        .unwrap();
+    (node, store)
+}
+
 /// Starts node `id` again where it ran before (same address).
 async fn restart(id: u64, dir: &Path, addr: SocketAddr) -> (ClusterNode, Arc<Store>) {
     let mut config = StoreConfig::new(dir.join("data"));
@@ -288,5 +302,91 @@ fn joining_through_an_address_where_no_node_listens_fails_clearly() {
         );
         assert!(started.elapsed() < Duration::from_secs(30));
         store.close().unwrap();
+    });
+}
+
+#[test]
+fn a_partitioned_minority_takes_no_write_and_serves_no_linearizable_read() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let mut nodes = vec![start_impatient(1, dirs[0].path(), Start::Bootstrap).await];
+        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let seed = nodes[0].0.addr().to_string();
+        for id in 2..=3u64 {
+            nodes.push(
+                start_impatient(id, dirs[id as usize - 1].path(), Start::Join(seed.clone())).await,
+            );
+        }
+        for (n, _) in &nodes {
+            eventually("three voters", || {
+                n.status().members.iter().filter(|m| m.voter).count() == 3
+            })
+            .await;
+        }
+        nodes[0]
+            .0
+            .propose(stamped(
+                1,
+                sql(&["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]),
+            ))
+            .await
+            .unwrap();
+        // {1} | {2, 3}: the leader alone on its side.
+        let addr = |i: usize| nodes[i].0.addr().to_string();
+        nodes[0].0.transport().cut_off(&addr(1));
+        nodes[0].0.transport().cut_off(&addr(2));
+        nodes[1].0.transport().cut_off(&addr(0));
+        nodes[2].0.transport().cut_off(&addr(0));
+
+        // The minority: a write fails within the bounded wait, and a
+        // linearizable read is refused.
+        let asked = Instant::now();
+        let refused = nodes[0]
+            .0
+            .propose(stamped(50, sql(&["INSERT INTO t VALUES (50)"])))
+            .await;
+        assert!(refused.is_err(), "the minority took a write: {refused:?}");
+        assert!(
+            asked.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            asked.elapsed()
+        );
+        let read = nodes[0].0.handle().read_barrier(ReadBarrier::Quorum).await;
+        assert!(read.is_err(), "the minority served a linearizable read");
+
+        // The majority elects a leader of its own and takes writes.
+        eventually("a leader in the majority", || {
+            matches!(nodes[1].0.status().leader, Some(2 | 3))
+        })
+        .await;
+        nodes[1]
+            .0
+            .propose(stamped(51, sql(&["INSERT INTO t VALUES (51)"])))
+            .await
+            .unwrap();
+        nodes[2]
+            .0
+            .handle()
+            .read_barrier(ReadBarrier::Quorum)
+            .await
+            .unwrap();
+        assert_eq!(count(&nodes[2].1), 2);
+
+        // Healed: the old leader follows, and the write it could not
+        // commit is gone; every node holds the same rows.
+        for (n, _) in &nodes {
+            n.transport().heal();
+        }
+        for (n, store) in &nodes {
+            eventually("every node on the majority's rows", || {
+                matches!(n.status().leader, Some(2 | 3))
+                    && rows(store, "SELECT x FROM t ORDER BY x")
+                        == vec![vec![Value::Integer(1)], vec![Value::Integer(51)]]
+            })
+            .await;
+        }
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
     });
 }
