@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-log bench-fs bench-pipe bench-hostile soak pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -42,6 +42,13 @@ test: deps lint
 	fi
 	$(MAKE) pcache-c-test
 	$(MAKE) rqlite-clients-test
+
+## The Jepsen-style test for a minute (make test runs it for 3 s):
+## register operations checked for linearizability and bank transfers
+## on three nodes while partitions come and go.
+JEPSEN_SECONDS ?= 60
+jepsen: deps
+	TABLIX_JEPSEN_SECONDS=$(JEPSEN_SECONDS) $(CARGO) test --release --locked -p tablix-raft --test raft jepsen -- --nocapture
 
 ## Existing rqlite client libraries (pinned, in a venv) against the daemon.
 RQ_VENV = target/rqlite-clients-venv

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cluster;
+mod jepsen;
 mod network;
 
 use std::collections::{BTreeMap, BTreeSet};

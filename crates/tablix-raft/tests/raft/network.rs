@@ -47,7 +47,11 @@ async fn start(
 }
 
 /// Starts node `id` with a short wait for a leader.
-async fn start_impatient(id: u64, dir: &Path, start: Start) -> (ClusterNode, Arc<Store>) {
+pub(crate) async fn start_impatient(
+    id: u64,
+    dir: &Path,
+    start: Start,
+) -> (ClusterNode, Arc<Store>) {
     let mut config = StoreConfig::new(dir.join("data"));
     config.log_keeper = LogKeeper::Replication;
     let store = Arc::new(Store::open(config).unwrap());
@@ -72,7 +76,7 @@ async fn restart(id: u64, dir: &Path, addr: SocketAddr) -> (ClusterNode, Arc<Sto
 }
 
 /// Waits until `check` holds, for up to 20 s.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -87,7 +91,7 @@ fn count(store: &Store) -> i64 {
     }
 }
 
-async fn stop(node: ClusterNode, store: Arc<Store>) {
+pub(crate) async fn stop(node: ClusterNode, store: Arc<Store>) {
     node.shutdown().await.unwrap();
     store.close().unwrap();
 }

@@ -1,0 +1,402 @@
+//! A Jepsen-style test on three nodes with real sockets: clients on every
+//! node run register reads, writes and compare-and-sets and bank
+//! transfers while a nemesis partitions one node from the others and
+//! heals, again and again. The register's history is checked with a
+//! linearizability checker (`consistency_model`'s, extracted from
+//! stateright); every read of the bank's total sees the same total; at the
+//! end every node holds the same state.
+//!
+//! `TABLIX_JEPSEN_SECONDS` sets how long the workload runs (default 3;
+//! `make jepsen` runs it for 120). The seed is fixed and printed.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
+use tablix_raft::{ClusterNode, ReadBarrier, Start};
+use tablix_store::{
+    CommandReply, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
+    StatementResult, Store, Value,
+};
+
+use super::network::{eventually, start_impatient, stop};
+use super::{rows, runtime};
+
+/// A register with compare-and-set: the reference the history must
+/// match.
+#[derive(Clone, Debug, Default)]
+struct CasRegister(i64);
+
+#[derive(Clone, Debug)]
+enum Op {
+    Read,
+    Write(i64),
+    Cas(i64, i64),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Ret {
+    ReadOk(i64),
+    WriteOk,
+    CasOk,
+    CasFailed,
+}
+
+impl SequentialSpec for CasRegister {
+    type Op = Op;
+    type Ret = Ret;
+    fn invoke(&mut self, op: &Op) -> Ret {
+        match op {
+            Op::Read => Ret::ReadOk(self.0),
+            Op::Write(v) => {
+                self.0 = *v;
+                Ret::WriteOk
+            }
+            Op::Cas(old, new) if *old == self.0 => {
+                self.0 = *new;
+                Ret::CasOk
+            }
+            Op::Cas(..) => Ret::CasFailed,
+        }
+    }
+}
+
+/// The history as it happened: invocations and returns, in real-time
+/// order (appended under one lock).
+enum Event {
+    Invoke(u64, Op),
+    Return(u64, Ret),
+    /// A read that failed: it changed nothing and saw nothing, so it is
+    /// left out (an operation in flight forever only slows the checker).
+    Dropped,
+}
+
+/// A small deterministic generator (xorshift).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn sql(statements: &[(&str, Vec<Value>)], transaction: bool) -> Stamped<ReplicatedCommand> {
+    Stamped::new(
+        Stamp::now(),
+        ReplicatedCommand::Sql(SqlCommand {
+            statements: statements
+                .iter()
+                .map(|(s, p)| Statement::with_params(*s, Params::Positional(p.clone())))
+                .collect(),
+            transaction,
+            principal: Principal::root(),
+        }),
+    )
+}
+
+/// Rows changed by the first statement of an applied write, or `None`
+/// when the outcome is unknown (an error: it may have been applied).
+fn changed(reply: Result<CommandReply, tablix_store::StoreError>) -> Option<u64> {
+    match reply {
+        Ok(CommandReply::Sql(r)) => match &r.statements[0].result {
+            StatementResult::Executed { rows_affected, .. } => Some(*rows_affected),
+            other => panic!("a write answered {other:?}"),
+        },
+        Ok(other) => panic!("a write answered {other:?}"),
+        Err(_) => None,
+    }
+}
+
+fn one_integer(store: &Store, q: &str) -> i64 {
+    match rows(store, q)[0][0] {
+        Value::Integer(v) => v,
+        ref other => panic!("{q}: {other:?}"),
+    }
+}
+
+/// How long the linearizability checker may search before the history is
+/// taken as not linearizable, at least (five seconds per second of
+/// workload otherwise): a linearizable history of the default length is
+/// checked in milliseconds.
+const CHECK_LIMIT: Duration = Duration::from_secs(60);
+
+const ACCOUNTS: i64 = 5;
+const BALANCE: i64 = 100;
+
+#[test]
+fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
+    let seconds: u64 = std::env::var("TABLIX_JEPSEN_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let seed: u64 = 0x5EED_1DEA_2026;
+    eprintln!("jepsen: seed {seed:#x}, {seconds} s of workload");
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let first = start_impatient(1, dirs[0].path(), Start::Bootstrap).await;
+        eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
+        let join = first.0.addr().to_string();
+        let mut nodes = vec![first];
+        for id in 2..=3u64 {
+            nodes.push(start_impatient(id, dirs[id as usize - 1].path(), Start::Join(join.clone())).await);
+        }
+        for (n, _) in &nodes {
+            eventually("three voters", || {
+                n.status().members.iter().filter(|m| m.voter).count() == 3
+            })
+            .await;
+        }
+        let setup = nodes[0]
+            .0
+            .propose(sql(
+                &[
+                    ("CREATE TABLE reg(id INTEGER PRIMARY KEY, v INTEGER)", vec![]),
+                    ("INSERT INTO reg VALUES (1, 0)", vec![]),
+                    ("CREATE TABLE acct(id INTEGER PRIMARY KEY, bal INTEGER)", vec![]),
+                    (
+                        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+                         INSERT INTO acct SELECT i, ?2 FROM n",
+                        vec![Value::Integer(ACCOUNTS), Value::Integer(BALANCE)],
+                    ),
+                ],
+                true,
+            ))
+            .await;
+        assert!(matches!(setup, Ok(CommandReply::Sql(_))), "{setup:?}");
+
+        let nodes: Arc<Vec<(ClusterNode, Arc<Store>)>> = Arc::new(nodes);
+        let history: Arc<Mutex<Vec<Event>>> = Arc::default();
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let mut tasks = Vec::new();
+
+        // Register clients on every node. A client whose operation has no
+        // known outcome leaves it in flight and goes on as a new thread.
+        for c in 0..4u64 {
+            let (nodes, history) = (Arc::clone(&nodes), Arc::clone(&history));
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng(seed ^ (c + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let (node, store) = &nodes[(c % 3) as usize];
+                let mut thread = c << 32;
+                let mut next_value = (c as i64 + 1) * 1_000_000;
+                while Instant::now() < deadline {
+                    let op = match rng.below(3) {
+                        0 => Op::Read,
+                        1 => {
+                            next_value += 1;
+                            Op::Write(next_value)
+                        }
+                        _ => Op::Cas(
+                            rng.below(2) as i64 * next_value,
+                            next_value + 1_000_000_000,
+                        ),
+                    };
+                    let at = {
+                        let mut h = history.lock().unwrap();
+                        h.push(Event::Invoke(thread, op.clone()));
+                        h.len() - 1
+                    };
+                    let ret = match &op {
+                        Op::Read => match node.handle().read_barrier(ReadBarrier::Quorum).await {
+                            Ok(()) => Some(Ret::ReadOk(one_integer(
+                                store,
+                                "SELECT v FROM reg WHERE id = 1",
+                            ))),
+                            Err(_) => None,
+                        },
+                        Op::Write(v) => changed(
+                            node.propose(sql(
+                                &[("UPDATE reg SET v = ?1 WHERE id = 1", vec![Value::Integer(*v)])],
+                                false,
+                            ))
+                            .await,
+                        )
+                        .map(|n| {
+                            assert_eq!(n, 1);
+                            Ret::WriteOk
+                        }),
+                        Op::Cas(old, new) => changed(
+                            node.propose(sql(
+                                &[(
+                                    "UPDATE reg SET v = ?2 WHERE id = 1 AND v = ?1",
+                                    vec![Value::Integer(*old), Value::Integer(*new)],
+                                )],
+                                false,
+                            ))
+                            .await,
+                        )
+                        .map(|n| if n == 1 { Ret::CasOk } else { Ret::CasFailed }),
+                    };
+                    match (ret, &op) {
+                        (Some(r), _) => history.lock().unwrap().push(Event::Return(thread, r)),
+                        (None, Op::Read) => history.lock().unwrap()[at] = Event::Dropped,
+                        (None, _) => thread += 1,
+                    }
+                    // A think time: the checker's work grows fast with the
+                    // history's length.
+                    tokio::time::sleep(Duration::from_millis(20 + rng.below(60))).await;
+                }
+            }));
+        }
+
+        // Bank clients, one per node: transfers in one transaction each,
+        // and totals read at every level.
+        let totals: Arc<Mutex<Vec<i64>>> = Arc::default();
+        for c in 0..3u64 {
+            let (nodes, totals) = (Arc::clone(&nodes), Arc::clone(&totals));
+            tasks.push(tokio::spawn(async move {
+                let mut rng = Rng(seed ^ (c + 101).wrapping_mul(0xD1B5_4A32_D192_ED03));
+                let (node, store) = &nodes[c as usize];
+                while Instant::now() < deadline {
+                    let from = 1 + rng.below(ACCOUNTS as u64) as i64;
+                    let to = 1 + rng.below(ACCOUNTS as u64) as i64;
+                    let amount = 1 + rng.below(20) as i64;
+                    let _ = node
+                        .propose(sql(
+                            &[
+                                (
+                                    "UPDATE acct SET bal = bal - ?2 WHERE id = ?1 AND bal >= ?2",
+                                    vec![Value::Integer(from), Value::Integer(amount)],
+                                ),
+                                (
+                                    "UPDATE acct SET bal = bal + ?2 WHERE id = ?1 AND changes() = 1",
+                                    vec![Value::Integer(to), Value::Integer(amount)],
+                                ),
+                            ],
+                            true,
+                        ))
+                        .await;
+                    // Every state a node holds is a committed one.
+                    totals
+                        .lock()
+                        .unwrap()
+                        .push(one_integer(store, "SELECT sum(bal) FROM acct"));
+                }
+            }));
+        }
+
+        // The nemesis: one node at a time cut off from the others, then
+        // healed.
+        let nemesis = {
+            let nodes = Arc::clone(&nodes);
+            tokio::spawn(async move {
+                let mut rng = Rng(seed ^ 0xBAD);
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let victim = rng.below(3) as usize;
+                    let addr = |i: usize| nodes[i].0.addr().to_string();
+                    for other in (0..3).filter(|o| *o != victim) {
+                        nodes[victim].0.transport().cut_off(&addr(other));
+                        nodes[other].0.transport().cut_off(&addr(victim));
+                    }
+                    // Sometimes past the leader wait (2 s): operations
+                    // there fail with no known outcome.
+                    tokio::time::sleep(Duration::from_millis(700 + rng.below(2000))).await;
+                    for (n, _) in nodes.iter() {
+                        n.transport().heal();
+                    }
+                }
+            })
+        };
+        for t in tasks {
+            t.await.unwrap();
+        }
+        nemesis.await.unwrap();
+        for (n, _) in nodes.iter() {
+            n.transport().heal();
+        }
+
+        // One last read on every node, after everything healed.
+        for (i, (node, store)) in nodes.iter().enumerate() {
+            let thread = (100 + i as u64) << 32;
+            history.lock().unwrap().push(Event::Invoke(thread, Op::Read));
+            let mut done = false;
+            for _ in 0..100 {
+                if node.handle().read_barrier(ReadBarrier::Quorum).await.is_ok() {
+                    let v = one_integer(store, "SELECT v FROM reg WHERE id = 1");
+                    history.lock().unwrap().push(Event::Return(thread, Ret::ReadOk(v)));
+                    done = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(done, "node {} served no linearizable read after healing", i + 1);
+        }
+
+        let checking = Instant::now();
+        let events = std::mem::take(&mut *history.lock().unwrap());
+        let invoked = events.iter().filter(|e| matches!(e, Event::Invoke(..))).count();
+        let returned = events.iter().filter(|e| matches!(e, Event::Return(..))).count();
+        // The checker searches orders of the concurrent operations: on a
+        // history that is not linearizable that search can take long, so
+        // it runs on a thread of its own and a verdict is awaited for a
+        // bounded time.
+        let (verdict, checked) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tester = LinearizabilityTester::new(CasRegister::default());
+            let mut valid = Ok(());
+            for e in events {
+                let step = match e {
+                    Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
+                    Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
+                    Event::Dropped => Ok(()),
+                };
+                if let Err(e) = step {
+                    valid = Err(e);
+                    break;
+                }
+            }
+            let _ = verdict.send(valid.map(|()| tester.is_consistent()));
+        });
+        let limit = CHECK_LIMIT.max(Duration::from_secs(5 * seconds));
+        let linearizable = checked
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x})"
+                )
+            })
+            .unwrap_or_else(|e| panic!("the recorded history is malformed: {e}"));
+        eprintln!(
+            "jepsen: {invoked} register operations, {returned} with a known outcome, checked in {:?}",
+            checking.elapsed()
+        );
+        assert!(returned > 20, "too few operations completed: {returned}");
+        assert!(
+            linearizable,
+            "the register's history is not linearizable (seed {seed:#x})"
+        );
+
+        let totals = std::mem::take(&mut *totals.lock().unwrap());
+        assert!(!totals.is_empty());
+        assert!(
+            totals.iter().all(|t| *t == ACCOUNTS * BALANCE),
+            "a read saw the bank's total change: {:?}",
+            totals.iter().filter(|t| **t != ACCOUNTS * BALANCE).take(5).collect::<Vec<_>>()
+        );
+        // Every node ends on the same state.
+        let nodes = Arc::try_unwrap(nodes).unwrap_or_else(|_| panic!("a task still holds the nodes"));
+        let last = nodes[0].0.raft().metrics().borrow().last_applied;
+        for (n, store) in &nodes {
+            eventually("every node applied the same entries", || {
+                n.raft().metrics().borrow().last_applied >= last
+            })
+            .await;
+            assert_eq!(one_integer(store, "SELECT sum(bal) FROM acct"), ACCOUNTS * BALANCE);
+        }
+        let states: Vec<Vec<Vec<Value>>> = nodes
+            .iter()
+            .map(|(_, s)| rows(s, "SELECT id, bal FROM acct UNION ALL SELECT id, v FROM reg"))
+            .collect();
+        assert!(states.windows(2).all(|w| w[0] == w[1]), "{states:?}");
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
+    });
+}
