@@ -19,25 +19,42 @@ use fuser::{INodeNo, Notifier};
 use tablix_fs::Touched;
 use tablix_store::FsApplied;
 
-/// The stamps' seeds of the changes this mount has in flight.
-#[derive(Default)]
-pub(crate) struct InFlight(Mutex<HashSet<u64>>);
+/// The stamps' seeds of the changes this mount has in flight, kept only
+/// on a cluster node (elsewhere no notice is ever sent, and a write's path
+/// pays nothing for it).
+pub(crate) struct InFlight {
+    kept: bool,
+    seeds: Mutex<HashSet<u64>>,
+}
 
 impl InFlight {
+    pub(crate) fn new(kept: bool) -> InFlight {
+        InFlight {
+            kept,
+            seeds: Mutex::default(),
+        }
+    }
+
     /// Runs `f` with `seed` marked as this mount's while it runs.
     pub(crate) fn during<R>(&self, seed: u64, f: impl FnOnce() -> R) -> R {
-        if let Ok(mut s) = self.0.lock() {
+        if !self.kept {
+            return f();
+        }
+        if let Ok(mut s) = self.seeds.lock() {
             s.insert(seed);
         }
         let r = f();
-        if let Ok(mut s) = self.0.lock() {
+        if let Ok(mut s) = self.seeds.lock() {
             s.remove(&seed);
         }
         r
     }
 
     fn contains(&self, seed: u64) -> bool {
-        self.0.lock().map(|s| s.contains(&seed)).unwrap_or(false)
+        self.seeds
+            .lock()
+            .map(|s| s.contains(&seed))
+            .unwrap_or(false)
     }
 }
 

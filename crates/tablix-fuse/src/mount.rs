@@ -236,8 +236,8 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let ended = Arc::new(AtomicBool::new(false));
-    let in_flight = Arc::new(InFlight::default());
     let replicated = store.config().log_keeper == LogKeeper::Replication;
+    let in_flight = Arc::new(InFlight::new(replicated));
     let fs = TablixFs::new(
         Arc::clone(&store),
         options.fs,

@@ -27,6 +27,10 @@ use crate::transport::{Network, Transport, TransportError, path};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::{LogStore, StateMachine};
 
+/// How long a membership change may take (adding a node waits until it
+/// caught up).
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(60);
+
 /// Where in a data directory a node keeps its raft log.
 pub const LOG_DIR: &str = "raft-log";
 /// Where in a data directory a node keeps its snapshots.
@@ -497,11 +501,11 @@ impl Shared {
         match self.leader() {
             Some((id, _)) if id == self.id => {}
             Some((_, addr)) => {
-                let answer: Result<Result<(), String>, TransportError> = self
+                return self
                     .transport
-                    .call(&addr, path::JOIN, &request, Duration::from_secs(60))
-                    .await;
-                return answer.map_err(|e| e.to_string())?;
+                    .join(&addr, &request, MEMBERSHIP_WAIT)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             None => return Err("no leader is known: try again once one is elected".into()),
         }
@@ -540,11 +544,11 @@ impl Shared {
         match self.leader() {
             Some((id, _)) if id == self.id => {}
             Some((_, addr)) => {
-                let answer: Result<Result<(), String>, TransportError> = self
+                return self
                     .transport
-                    .call(&addr, path::REMOVE, &request, Duration::from_secs(60))
-                    .await;
-                return answer.map_err(|e| e.to_string())?;
+                    .remove(&addr, request.id, MEMBERSHIP_WAIT)
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
             None => return Err("no leader is known: try again once one is elected".into()),
         }
@@ -806,10 +810,10 @@ impl ClusterNode {
         };
         let deadline = Instant::now() + wait;
         loop {
-            let answer: Result<Result<(), String>, TransportError> = self
+            let answer = self
                 .shared
                 .transport
-                .call(peer, path::JOIN, &request, Duration::from_secs(60))
+                .join(peer, &request, MEMBERSHIP_WAIT)
                 .await;
             match answer {
                 Ok(Ok(())) => return Ok(()),

@@ -198,6 +198,28 @@ impl Transport {
         })
     }
 
+    /// Asks the node whose raft service is at `addr` to add a node (it
+    /// sends the request on to the leader): the leader's answer.
+    pub async fn join(
+        &self,
+        addr: &str,
+        request: &crate::JoinRequest,
+        ttl: Duration,
+    ) -> Result<Result<(), String>, TransportError> {
+        self.call(addr, path::JOIN, request, ttl).await
+    }
+
+    /// Asks the node whose raft service is at `addr` to remove node `id`.
+    pub async fn remove(
+        &self,
+        addr: &str,
+        id: NodeId,
+        ttl: Duration,
+    ) -> Result<Result<(), String>, TransportError> {
+        self.call(addr, path::REMOVE, &crate::RemoveRequest { id }, ttl)
+            .await
+    }
+
     /// The status of the node whose raft service is at `addr`.
     pub async fn status(
         &self,

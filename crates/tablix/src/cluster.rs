@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use tablix_raft::{ClusterStatus, JoinRequest, RemoveRequest, Transport};
+use tablix_raft::{ClusterStatus, JoinRequest, Transport};
 
 use crate::cli::{ClusterAction, ClusterArgs};
 
@@ -33,10 +33,9 @@ async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         ClusterAction::Add { id, addr } => {
-            let r: Result<(), String> = transport
-                .call(
+            transport
+                .join(
                     &args.raft,
-                    "/raft/join",
                     &JoinRequest {
                         id,
                         addr,
@@ -44,14 +43,12 @@ async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                     },
                     wait,
                 )
-                .await?;
-            r
+                .await?
         }
         ClusterAction::AddLearner { id, addr } => {
-            let r: Result<(), String> = transport
-                .call(
+            transport
+                .join(
                     &args.raft,
-                    "/raft/join",
                     &JoinRequest {
                         id,
                         addr,
@@ -59,15 +56,9 @@ async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
                     },
                     wait,
                 )
-                .await?;
-            r
+                .await?
         }
-        ClusterAction::Remove { id } => {
-            let r: Result<(), String> = transport
-                .call(&args.raft, "/raft/remove", &RemoveRequest { id }, wait)
-                .await?;
-            r
-        }
+        ClusterAction::Remove { id } => transport.remove(&args.raft, id, wait).await?,
     };
     match changed {
         Ok(()) => {

@@ -6,7 +6,6 @@
 //! a 3-node cluster's leader to the first write acknowledged by another
 //! node.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
@@ -41,10 +40,13 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SIGTERM and wait: a clean stop, which unmounts.
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
+        // SIGTERM and wait: a clean stop, which unmounts (unless the
+        // failover measurement killed it already).
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .arg(self.child.id().to_string())
+                .status();
+        }
         let _ = self.child.wait();
         // A node killed by the failover measurement leaves its mount.
         if let Some(m) = &self.mount {
@@ -97,24 +99,10 @@ fn tablix_node(
         std::fs::create_dir_all(&mnt)?;
         cmd.arg(&mnt);
     }
-    let mut child = cmd
-        .env("TABLIX_LOG", "error")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting tablix up")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let Some(http) = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http=http://"))
-    else {
-        let _ = child.kill();
-        bail!("tablix node {id} did not report ready: {line:?}");
-    };
+    let (child, http) = super::daemon::spawn_ready(cmd.env("TABLIX_LOG", "error"))
+        .with_context(|| format!("tablix node {id}"))?;
     Ok(Server {
-        http: http.to_string(),
+        http,
         child,
         mount: mount.then_some(mnt),
     })

@@ -6,6 +6,27 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{Context, bail};
 
+/// Spawns `cmd` (a `tablix up`) with its standard output piped and waits
+/// for its ready line: the child and its HTTP API's `host:port`.
+pub(crate) fn spawn_ready(cmd: &mut Command) -> anyhow::Result<(Child, String)> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting tablix up")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().context("daemon stdout")?;
+    BufReader::new(stdout).read_line(&mut line)?;
+    let Some(http) = line
+        .strip_prefix("tablix ready: http=http://")
+        .and_then(|rest| rest.split_whitespace().next())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("the daemon did not start: {line:?}");
+    };
+    Ok((child, http.to_string()))
+}
+
 pub(crate) struct Daemon {
     child: Child,
     /// Where the file system is mounted.
@@ -27,27 +48,16 @@ impl Daemon {
         }
         std::fs::create_dir_all(mnt)?;
         let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .args(["up", "--http", "127.0.0.1:0", "--mode", mode, "--data"])
-            .arg(data)
-            .args(extra)
-            .arg(mnt)
-            .env("TABLIX_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting the daemon")?;
-        let mut line = String::new();
-        let stdout = child.stdout.take().context("daemon stdout")?;
-        BufReader::new(stdout).read_line(&mut line)?;
-        let Some(http) = line
-            .strip_prefix("tablix ready: http=http://")
-            .and_then(|rest| rest.split_whitespace().next())
-        else {
-            let _ = child.kill();
-            bail!("the daemon did not start: {line}");
-        };
+        let (child, http) = spawn_ready(
+            Command::new(exe)
+                .args(["up", "--http", "127.0.0.1:0", "--mode", mode, "--data"])
+                .arg(data)
+                .args(extra)
+                .arg(mnt)
+                .env("TABLIX_LOG", "warn"),
+        )?;
         Ok(Daemon {
-            http: http.to_string(),
+            http,
             child,
             mount: mnt.to_path_buf(),
         })

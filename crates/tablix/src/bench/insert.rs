@@ -1,6 +1,5 @@
 //! Single-row inserts through the HTTP API against plain rusqlite.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
@@ -52,28 +51,14 @@ impl Drop for Daemon {
 
 fn start_daemon(data: &Path) -> anyhow::Result<Daemon> {
     let exe = std::env::current_exe()?;
-    let mut child = std::process::Command::new(exe)
-        .args(["up", "--mode", "sync", "--http", "127.0.0.1:0", "--data"])
-        .arg(data)
-        .env("TABLIX_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting tablix up")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let Some(addr) = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("http=http://"))
-    else {
-        let _ = child.kill();
-        bail!("the daemon did not report ready: {line:?}");
-    };
-    Ok(Daemon {
-        addr: addr.to_string(),
-        child,
-    })
+    let (child, addr) = super::daemon::spawn_ready(
+        std::process::Command::new(exe)
+            .args(["up", "--mode", "sync", "--http", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .env("TABLIX_LOG", "warn")
+            .stderr(Stdio::inherit()),
+    )?;
+    Ok(Daemon { addr, child })
 }
 
 /// `clients` threads, each posting one single-row INSERT at a time.
