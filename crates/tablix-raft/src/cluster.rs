@@ -22,7 +22,9 @@ use tablix_store::{
     CommandReply, Propose, ProposeAnswer, ReplicatedCommand, Stamped, Store, StoreError,
 };
 
+use crate::cluster_id::{self, ClusterIdentity, IdentityError};
 use crate::proposer::{Committed, ProposeError, Proposer, ProposerConfig};
+use crate::tls::NodeTls;
 use crate::transport::{Network, Transport, TransportError, path};
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::{LogStore, StateMachine};
@@ -59,6 +61,10 @@ pub struct ClusterConfig {
     pub advertise: Option<String>,
     pub log_dir: PathBuf,
     pub snapshot_dir: PathBuf,
+    /// The file that keeps the id of the cluster this node belongs to.
+    pub identity_file: PathBuf,
+    /// Mutual TLS for node-to-node traffic (plain HTTP without).
+    pub tls: Option<NodeTls>,
     pub start: Start,
     /// How long a proposal waits for a leader to be reachable before it
     /// fails.
@@ -84,6 +90,8 @@ impl ClusterConfig {
             advertise: None,
             log_dir: data.join(LOG_DIR),
             snapshot_dir: data.join(SNAPSHOT_DIR),
+            identity_file: data.join(cluster_id::FILE),
+            tls: None,
             start: Start::Resume,
             leader_wait: Duration::from_secs(5),
             join_wait: Duration::from_secs(60),
@@ -110,6 +118,8 @@ pub enum ClusterError {
     Raft(String),
     #[error("{0}")]
     Membership(String),
+    #[error("{0}")]
+    Identity(#[from] IdentityError),
 }
 
 fn raft_error(e: impl std::fmt::Display) -> ClusterError {
@@ -162,6 +172,10 @@ pub struct ClusterStatus {
     pub snapshot_index: Option<u64>,
     /// Every member: id, address, voter or not.
     pub members: Vec<Member>,
+    /// The id of the cluster this node belongs to (none before it
+    /// bootstrapped or joined one).
+    #[serde(default)]
+    pub cluster_id: Option<String>,
     /// This node's SQL API, once it serves one.
     #[serde(default)]
     pub api_addr: Option<String>,
@@ -195,6 +209,7 @@ pub(crate) struct Shared {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) proposer: Proposer,
     pub(crate) transport: Transport,
+    pub(crate) identity: ClusterIdentity,
     pub(crate) leader_wait: Duration,
     /// Held by the leader through a membership change: openraft refuses a
     /// change while another is in progress, and nodes join concurrently.
@@ -250,6 +265,7 @@ impl Shared {
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
             members,
+            cluster_id: self.identity.get(),
             api_addr: self.api_addr.read().ok().and_then(|a| a.clone()),
         }
     }
@@ -522,6 +538,7 @@ impl Shared {
                 return Ok(());
             }
         } else {
+            self.refuse_other_clusters(&request.addr).await?;
             self.raft
                 .add_learner(request.id, Node::new(request.addr.clone()), true)
                 .await
@@ -537,6 +554,27 @@ impl Shared {
                 .map_err(|e| format!("making node {} a voter: {e}", request.id))?;
         }
         Ok(())
+    }
+
+    /// Refuses to add the node at `addr` when it says it belongs to
+    /// another cluster (it would refuse this one's entries forever). One
+    /// that does not answer yet is added: it will take this cluster's id.
+    async fn refuse_other_clusters(&self, addr: &str) -> Result<(), String> {
+        let theirs = match self.transport.status(addr, Duration::from_secs(2)).await {
+            Ok(status) => status.cluster_id,
+            Err(TransportError::Refused { message, .. }) => {
+                return Err(format!(
+                    "the node at {addr} refuses this cluster: {message}"
+                ));
+            }
+            Err(_) => None,
+        };
+        match (self.identity.get(), theirs) {
+            (Some(ours), Some(theirs)) if !ours.eq_ignore_ascii_case(&theirs) => Err(format!(
+                "the node at {addr} belongs to another cluster ({theirs}; this one is {ours}): start it with a new data directory to add it"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Removes a node (on the leader; another node sends it there).
@@ -705,6 +743,7 @@ impl ClusterNode {
         config: ClusterConfig,
         store: Arc<Store>,
     ) -> Result<ClusterNode, ClusterError> {
+        let identity = ClusterIdentity::load(&config.identity_file)?;
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
         let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
@@ -722,7 +761,7 @@ impl ClusterNode {
         }
         .validate()
         .map_err(raft_error)?;
-        let transport = Transport::new();
+        let transport = Transport::with(config.tls.as_ref(), identity.clone());
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
@@ -738,6 +777,7 @@ impl ClusterNode {
             proposer: Proposer::new(raft.clone(), ProposerConfig::default()),
             raft,
             transport,
+            identity,
             leader_wait: config.leader_wait,
             changing: tokio::sync::Mutex::new(()),
             api_addr: std::sync::RwLock::new(None),
@@ -748,7 +788,14 @@ impl ClusterNode {
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = crate::service::router(Arc::clone(&shared));
+        let tls = config.tls.clone();
         let server = tokio::spawn(async move {
+            if let Some(tls) = tls {
+                let stopped = async {
+                    let _ = stopped.await;
+                };
+                return crate::tls::serve(listener, tls, router, stopped).await;
+            }
             // Nagle off: an RPC is one small write each way.
             let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
                 let _ = tcp.set_nodelay(true);
@@ -779,8 +826,10 @@ impl ClusterNode {
             .await
             .map_err(raft_error)?;
         match (&config.start, initialized) {
+            (Start::Join(peer), true) => node.check_same_cluster(peer).await?,
             (_, true) | (Start::Resume, false) => {}
             (Start::Bootstrap, false) => {
+                node.shared.identity.create()?;
                 let members: BTreeMap<NodeId, Node> =
                     [(config.id, Node::new(advertise.clone()))].into();
                 node.shared
@@ -792,6 +841,38 @@ impl ClusterNode {
             (Start::Join(peer), false) => node.join_via(peer, &advertise, config.join_wait).await?,
         }
         Ok(node)
+    }
+
+    /// Refuses to go on as a member when the node at `peer` (which this
+    /// one was told to join) belongs to another cluster: its data
+    /// directory is another cluster's. A peer that cannot be asked is
+    /// no reason to stop.
+    async fn check_same_cluster(&self, peer: &str) -> Result<(), ClusterError> {
+        let ours = self.shared.identity.get();
+        match self
+            .shared
+            .transport
+            .status(peer, Duration::from_secs(2))
+            .await
+        {
+            Ok(status) => match (ours, status.cluster_id) {
+                (Some(ours), Some(theirs)) if !ours.eq_ignore_ascii_case(&theirs) => {
+                    Err(IdentityError::Other { ours, theirs }.into())
+                }
+                _ => Ok(()),
+            },
+            Err(TransportError::Refused { message, .. })
+                if message.contains("belongs to cluster") =>
+            {
+                Err(ClusterError::Membership(format!(
+                    "--join {peer}: this data directory belongs to another cluster than the node at {peer}: {message}"
+                )))
+            }
+            Err(e) => {
+                tracing::warn!("could not ask {peer} which cluster it belongs to: {e}");
+                Ok(())
+            }
+        }
     }
 
     /// Asks the member at `peer` to add this node, retrying while the
@@ -810,6 +891,19 @@ impl ClusterNode {
         };
         let deadline = Instant::now() + wait;
         loop {
+            // The member's cluster first: a data directory of another
+            // cluster is never joined, and a new node takes its id.
+            let theirs = match self.shared.transport.status(peer, MEMBERSHIP_WAIT).await {
+                Ok(status) => status.cluster_id,
+                Err(TransportError::Unreachable { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(theirs) = theirs {
+                self.shared.identity.adopt(&theirs)?;
+            }
             let answer = self
                 .shared
                 .transport

@@ -15,11 +15,13 @@
 //! Architecture invariant: this is the only crate that knows openraft.
 
 mod cluster;
+pub mod cluster_id;
 mod log_store;
 mod proposer;
 mod service;
 mod single;
 mod state_machine;
+mod tls;
 mod transport;
 mod types;
 
@@ -31,6 +33,7 @@ pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};
 pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
+pub use tls::{NodeTls, TlsError, TlsFiles};
 pub use transport::{Network, Transport, TransportError};
 pub use types::{Batch, Node, NodeId, TypeConfig};
 

@@ -8,14 +8,16 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cluster::{JoinRequest, RemoveRequest, Shared};
+use crate::cluster_id::{self, IdentityError};
 use crate::transport::path;
 
 /// Largest request body: a batch of entries of up to a few MiB each.
@@ -32,7 +34,42 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(path::REMOVE, post(remove))
         .route(path::STATUS, get(status))
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            same_cluster,
+        ))
         .with_state(shared)
+}
+
+/// Lets through only requests of this node's cluster. Another node always
+/// names its cluster; tools (`tablix cluster`) may name none, for the
+/// status and membership requests they send. A node that has no id yet
+/// takes the first one it is sent.
+async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next) -> Response {
+    let theirs = request
+        .headers()
+        .get(cluster_id::HEADER)
+        .map(|v| v.to_str().unwrap_or("").to_string());
+    let from_tool = matches!(
+        request.uri().path(),
+        path::STATUS | path::JOIN | path::REMOVE
+    );
+    match theirs {
+        None if from_tool => next.run(request).await,
+        None => (
+            StatusCode::FORBIDDEN,
+            "a node-to-node request must name its cluster (an older tablix, or not a tablix node)",
+        )
+            .into_response(),
+        Some(theirs) => match s.identity.adopt(&theirs) {
+            Ok(()) => next.run(request).await,
+            Err(e @ (IdentityError::Other { .. } | IdentityError::Malformed(_))) => {
+                tracing::warn!("refused a request for {}: {e}", request.uri().path());
+                (StatusCode::CONFLICT, e.to_string()).into_response()
+            }
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+        },
+    }
 }
 
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, String> {

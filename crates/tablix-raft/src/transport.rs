@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -28,6 +29,8 @@ use openraft::raft::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::cluster_id::{self, ClusterIdentity};
+use crate::tls::NodeTls;
 use crate::types::{Node, NodeId, TypeConfig};
 
 /// The paths of a node's raft service.
@@ -68,11 +71,37 @@ pub enum TransportError {
     Encode(String),
 }
 
-/// An HTTP client for nodes' raft services. Clones share its pool of
-/// connections, and the addresses it is cut off from.
+/// The HTTP client: a node with TLS calls only nodes with TLS.
+#[derive(Clone)]
+enum Http {
+    Plain(Client<HttpConnector, Full<Bytes>>),
+    Tls(Client<HttpsConnector<HttpConnector>, Full<Bytes>>),
+}
+
+impl Http {
+    fn scheme(&self) -> &'static str {
+        match self {
+            Http::Plain(_) => "http",
+            Http::Tls(_) => "https",
+        }
+    }
+
+    fn request(&self, request: Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            Http::Plain(c) => c.request(request),
+            Http::Tls(c) => c.request(request),
+        }
+    }
+}
+
+/// An HTTP client for nodes' raft services, over mutual TLS when it has a
+/// TLS identity. Clones share its pool of connections, and the addresses
+/// it is cut off from.
 #[derive(Clone)]
 pub struct Transport {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Http,
+    /// The cluster id sent with every request, once this side has one.
+    identity: ClusterIdentity,
     /// Addresses this node acts as if it could not reach (a partition,
     /// injected by tests with [`Transport::cut_off`]).
     cut: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
@@ -85,15 +114,34 @@ impl Default for Transport {
 }
 
 impl Transport {
+    /// A plain-HTTP client that sends no cluster id (tools).
     pub fn new() -> Transport {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(CONNECT));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+        Transport::with(None, ClusterIdentity::none())
+    }
+
+    /// A client that calls over mutual TLS with `tls` (plain HTTP
+    /// without), sending `identity`'s cluster id once it has one.
+    pub fn with(tls: Option<&NodeTls>, identity: ClusterIdentity) -> Transport {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT));
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder.pool_idle_timeout(Duration::from_secs(90));
+        let client = match tls {
+            None => Http::Plain(builder.build(http)),
+            Some(tls) => {
+                http.enforce_http(false);
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config((*tls.client).clone())
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(http);
+                Http::Tls(builder.build(connector))
+            }
+        };
         Transport {
             client,
+            identity,
             cut: Default::default(),
         }
     }
@@ -137,10 +185,14 @@ impl Transport {
                 message: "cut off (a partition)".into(),
             });
         }
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
-            .uri(format!("http://{addr}{path}"))
-            .header(CONTENT_TYPE, "application/octet-stream")
+            .uri(format!("{}://{addr}{path}", self.client.scheme()))
+            .header(CONTENT_TYPE, "application/octet-stream");
+        if let Some(id) = self.identity.get() {
+            request = request.header(cluster_id::HEADER, id);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| TransportError::Encode(e.to_string()))?;
         let deadline = Instant::now() + ttl;

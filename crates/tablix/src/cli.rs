@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the daemon in the foreground.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Run SQL against a running daemon (a shell modelled on sqlite3).
     Sql(SqlArgs),
     /// Look at and change a cluster's members through any node.
@@ -248,11 +248,13 @@ pub struct UpArgs {
     /// (the first start only).
     #[arg(long, value_name = "HOST:PORT", requires = "raft")]
     pub join: Option<String>,
-    /// Serve --raft on an address other machines can reach although
-    /// node-to-node traffic is not encrypted or authenticated yet: anyone
-    /// who reaches it can change the cluster. Not recommended.
+    /// Serve --raft on an address other machines can reach without
+    /// mutual TLS (--raft-cert, --raft-key, --raft-ca): anyone who reaches
+    /// it can read the log and change the cluster. Not recommended.
     #[arg(long, requires = "raft")]
     pub insecure_raft: bool,
+    #[command(flatten)]
+    pub raft_tls: RaftTlsArgs,
     /// Take a snapshot (and compact the log behind it) every this many
     /// applied entries.
     #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -260,6 +262,41 @@ pub struct UpArgs {
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,
+}
+
+/// Mutual TLS between nodes: every node (and `tablix cluster`) shows a
+/// certificate signed by the cluster's authority and accepts only such.
+#[derive(Args, Debug, Clone, Default)]
+pub struct RaftTlsArgs {
+    /// Certificate (PEM) this node shows other nodes; with --raft-key and
+    /// --raft-ca, node-to-node traffic is mutual TLS.
+    #[arg(long, value_name = "FILE", requires_all = ["raft_key", "raft_ca"], global = true)]
+    pub raft_cert: Option<PathBuf>,
+    /// The private key (PEM) of --raft-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["raft_cert", "raft_ca"], global = true)]
+    pub raft_key: Option<PathBuf>,
+    /// The authority (PEM) that signs every node's certificate; only its
+    /// certificates are let in.
+    #[arg(long, value_name = "FILE", requires_all = ["raft_cert", "raft_key"], global = true)]
+    pub raft_ca: Option<PathBuf>,
+}
+
+impl RaftTlsArgs {
+    /// The TLS identity the flags name, if any.
+    pub fn load(&self) -> anyhow::Result<Option<tablix_raft::NodeTls>> {
+        let (Some(cert), Some(key), Some(ca)) = (&self.raft_cert, &self.raft_key, &self.raft_ca)
+        else {
+            return Ok(None);
+        };
+        let files = tablix_raft::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            ca: ca.clone(),
+        };
+        Ok(Some(
+            tablix_raft::NodeTls::load(&files).map_err(anyhow::Error::new)?,
+        ))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -272,6 +309,8 @@ pub struct ClusterArgs {
         global = true
     )]
     pub raft: String,
+    #[command(flatten)]
+    pub tls: RaftTlsArgs,
     #[command(subcommand)]
     pub action: ClusterAction,
 }

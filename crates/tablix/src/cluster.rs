@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use tablix_raft::{ClusterStatus, JoinRequest, Transport};
+use tablix_raft::cluster_id::ClusterIdentity;
+use tablix_raft::{ClusterStatus, JoinRequest, Transport, TransportError};
 
 use crate::cli::{ClusterAction, ClusterArgs};
 
@@ -18,7 +19,19 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
-    let transport = Transport::new();
+    let tls = args.tls.load()?;
+    let plain = tls.is_none();
+    act_with(args, Transport::with(tls.as_ref(), ClusterIdentity::none()))
+        .await
+        .map_err(|e| match e.downcast_ref::<TransportError>() {
+            Some(TransportError::NoAnswer { .. }) if plain => anyhow::anyhow!(
+                "{e:#} (if the cluster's nodes use mutual TLS, pass --raft-cert, --raft-key and --raft-ca)"
+            ),
+            _ => e,
+        })
+}
+
+async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<ExitCode> {
     let wait = Duration::from_secs(120);
     let changed = match args.action {
         ClusterAction::Status { json } => {
@@ -92,6 +105,9 @@ fn show(s: &ClusterStatus) -> String {
         index(s.applied_index),
         index(s.snapshot_index),
     );
+    if let Some(id) = &s.cluster_id {
+        out.push_str(&format!("cluster {id}\n"));
+    }
     out.push_str(&format!("{:>6}  {:<8} {}\n", "id", "role", "raft address"));
     for m in &s.members {
         let role = if Some(m.id) == s.leader {
@@ -127,6 +143,7 @@ mod tests {
             last_log_index: Some(9),
             applied_index: Some(8),
             snapshot_index: None,
+            cluster_id: Some("0123456789abcdef0123456789abcdef".into()),
             members: vec![
                 Member {
                     id: 1,
@@ -149,7 +166,11 @@ mod tests {
         let t = show(&s);
         assert!(t.contains("leader: node 1 at 127.0.0.1:4101"), "{t}");
         assert!(t.contains("applied to 8, snapshot at -"), "{t}");
-        let lines: Vec<&str> = t.lines().skip(3).collect();
+        assert!(
+            t.contains("cluster 0123456789abcdef0123456789abcdef"),
+            "{t}"
+        );
+        let lines: Vec<&str> = t.lines().skip(4).collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(
             lines[0].contains("leader") && lines[0].contains("4101"),

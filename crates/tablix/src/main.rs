@@ -29,7 +29,7 @@ fn main() -> ExitCode {
     }
     let cli = cli::Cli::parse();
     let result = match cli.command {
-        cli::Command::Up(args) => up::run(args),
+        cli::Command::Up(args) => up::run(*args),
         cli::Command::Sql(args) => sql::run(args),
         cli::Command::Cluster(args) => cluster::run(args),
         cli::Command::Bench(args) => bench::run(args),

@@ -56,21 +56,27 @@ fn check_exposure(args: &UpArgs, auth: &AuthFile) -> anyhow::Result<()> {
 }
 
 /// The cluster settings the flags give (none without --raft). A raft
-/// service other machines can reach is refused unless forced: node-to-node
-/// traffic is neither encrypted nor authenticated yet.
+/// service other machines can reach without mutual TLS is refused unless
+/// forced.
 fn cluster_config(args: &UpArgs, data: &Path) -> anyhow::Result<Option<ClusterConfig>> {
     let (Some(id), Some(listen)) = (args.node_id, args.raft) else {
+        if args.raft_tls.raft_cert.is_some() {
+            bail!(
+                "--raft-cert, --raft-key and --raft-ca secure a cluster node's raft service: add --node-id and --raft"
+            );
+        }
         return Ok(None);
     };
+    let tls = args.raft_tls.load()?;
     if args.mode == ModeArg::Async {
         bail!(
             "--mode async is not available on a cluster node: a replicated write is acknowledged once a majority has it; drop --mode async"
         );
     }
-    if !listen.ip().is_loopback() {
+    if !listen.ip().is_loopback() && tls.is_none() {
         if !args.insecure_raft {
             bail!(
-                "--raft {listen} can be reached from other machines, and node-to-node traffic is not encrypted or authenticated yet: bind a loopback address, or pass --insecure-raft to do it anyway"
+                "--raft {listen} can be reached from other machines: give it mutual TLS (--raft-cert, --raft-key, --raft-ca), bind a loopback address, or pass --insecure-raft to serve it in the clear anyway"
             );
         }
         tracing::warn!(
@@ -78,6 +84,7 @@ fn cluster_config(args: &UpArgs, data: &Path) -> anyhow::Result<Option<ClusterCo
         );
     }
     let mut config = ClusterConfig::new(id, listen, data);
+    config.tls = tls;
     config.advertise = args.raft_advertise.clone();
     config.snapshot_every = args.snapshot_every;
     config.start = match (&args.join, args.bootstrap) {

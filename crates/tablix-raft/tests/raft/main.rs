@@ -7,6 +7,7 @@
 mod cluster;
 mod jepsen;
 mod network;
+mod trust;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
