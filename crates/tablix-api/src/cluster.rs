@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tablix_raft::{ClusterHandle, JoinRequest, NodeReport, ReadBarrier};
 
-use crate::options::Level;
+use crate::options::{Level, Options};
 use crate::server::{App, Failure, Who, reply, require};
 
 /// How long `/nodes` waits for each member's answer.
@@ -37,7 +37,7 @@ fn handle(app: &App) -> Result<&ClusterHandle, Failure> {
 fn node_json(n: &NodeReport) -> Value {
     let mut v = json!({
         "id": n.id.to_string(),
-        "api_addr": n.api_addr.as_ref().map(|a| format!("http://{a}")).unwrap_or_default(),
+        "api_addr": n.api_addr.clone().unwrap_or_default(),
         "addr": n.addr,
         "voter": n.voter,
         "reachable": n.reachable,
@@ -220,12 +220,17 @@ pub(crate) fn status_fields(app: &App) -> Option<(Value, Value, Value)> {
 /// applied an entry of the read's own through the log; `auto` is `none`
 /// on a learner and `weak` elsewhere. A daemon that is not a cluster node
 /// serves every level from its latest committed state.
-pub(crate) async fn before_read(app: &App, level: Level) -> Result<(), Failure> {
+pub(crate) async fn before_read(app: &App, o: &Options) -> Result<(), Failure> {
     let Some(cluster) = &app.config.cluster else {
         return Ok(());
     };
-    let barrier = match level {
-        Level::None => return Ok(()),
+    let barrier = match o.level {
+        Level::None => {
+            return match o.freshness {
+                Some(bound) => fresh_enough(cluster, bound, o.freshness_strict),
+                None => Ok(()),
+            };
+        }
         Level::Auto if cluster.is_learner() => return Ok(()),
         Level::Weak | Level::Auto => ReadBarrier::Leader,
         Level::Linearizable => ReadBarrier::Quorum,
@@ -235,4 +240,87 @@ pub(crate) async fn before_read(app: &App, level: Level) -> Result<(), Failure> 
         .read_barrier(barrier)
         .await
         .map_err(|e| Failure(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+}
+
+/// rqlite's `freshness` for `level=none`: a follower that heard from the
+/// leader longer ago than `bound` refuses the read as stale; `strict`
+/// refuses it too while entries this node holds are not applied yet. The
+/// leader is always fresh.
+fn fresh_enough(cluster: &ClusterHandle, bound: Duration, strict: bool) -> Result<(), Failure> {
+    let Some(f) = cluster.freshness() else {
+        return Ok(());
+    };
+    let stale = match f.since_leader {
+        None => Some("this node has not heard from a leader".to_string()),
+        Some(d) if d > bound => Some(format!(
+            "this node last heard from the leader {} ms ago, more than freshness={} ms",
+            d.as_millis(),
+            bound.as_millis()
+        )),
+        Some(_) if strict && f.unapplied > 0 => Some(format!(
+            "{} entries this node holds are not applied yet (freshness_strict)",
+            f.unapplied
+        )),
+        Some(_) => None,
+    };
+    match stale {
+        // rqlite answers a stale read 200 with the error in the body.
+        Some(why) => Err(Failure(StatusCode::OK, format!("stale read: {why}"))),
+        None => Ok(()),
+    }
+}
+
+/// rqlite's `redirect`: on a node that does not lead, a write (or a read
+/// at a level other than `none`) with `redirect` set is answered 301 to
+/// the same path and query on the leader's API, instead of being
+/// forwarded. A leader whose API is not known gets 503.
+pub(crate) async fn redirect(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(cluster) = &app.config.cluster else {
+        return next.run(request).await;
+    };
+    let query = request.uri().query().unwrap_or("");
+    let pairs: Vec<(String, String)> = Query::try_from_uri(request.uri())
+        .map(|Query(p)| p)
+        .unwrap_or_default();
+    let asked = pairs
+        .iter()
+        .any(|(k, v)| k == "redirect" && !matches!(v.as_str(), "false" | "0" | "no" | "off"));
+    let local_read = request.uri().path() != "/db/execute"
+        && pairs.iter().any(|(k, v)| k == "level" && v == "none");
+    if !asked || local_read || cluster.is_leader() {
+        return next.run(request).await;
+    }
+    match cluster.leader_api(ASK).await {
+        Some(api) => {
+            let target = format!(
+                "{}{}{}{}",
+                api.trim_end_matches('/'),
+                request.uri().path(),
+                if query.is_empty() { "" } else { "?" },
+                query
+            );
+            match axum::http::HeaderValue::from_str(&target) {
+                Ok(location) => {
+                    let mut r = StatusCode::MOVED_PERMANENTLY.into_response();
+                    r.headers_mut()
+                        .insert(axum::http::header::LOCATION, location);
+                    r
+                }
+                Err(_) => Failure(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the leader's address {target:?} is not a valid Location"),
+                )
+                .into_response(),
+            }
+        }
+        None => Failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "leader not found: no leader is known, or its API address is not".into(),
+        )
+        .into_response(),
+    }
 }

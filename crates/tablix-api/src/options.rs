@@ -26,14 +26,19 @@ pub struct Options {
     /// rqlite's `db_timeout`: a tighter time limit for this request's
     /// statements than the daemon's (never a looser one).
     pub db_timeout: Option<std::time::Duration>,
+    /// rqlite's `freshness`: how long ago a follower may last have heard
+    /// from the leader and still serve a `level=none` read.
+    pub freshness: Option<std::time::Duration>,
+    /// rqlite's `freshness_strict`: also refuse while entries are not
+    /// applied yet.
+    pub freshness_strict: bool,
 }
 
-/// Options rqlite defines that do not change what a single node does
-/// (clustering, queueing and timeouts); accepted so rqlite clients work.
+/// Options rqlite defines that tablix takes without acting on them here:
+/// `redirect` is acted on before the handler (`cluster::redirect`); the
+/// rest are queueing and timeouts a tablix node does not have.
 const ACCEPTED: &[&str] = &[
     "redirect",
-    "freshness",
-    "freshness_strict",
     "timeout",
     "queue",
     "wait",
@@ -104,6 +109,12 @@ impl Options {
                         duration(value).map_err(|e| format!("option db_timeout={value:?}: {e}"))?,
                     )
                 }
+                "freshness" => {
+                    let d =
+                        duration(value).map_err(|e| format!("option freshness={value:?}: {e}"))?;
+                    o.freshness = (!d.is_zero()).then_some(d);
+                }
+                "freshness_strict" => o.freshness_strict = flag(name, value)?,
                 "level" => {
                     o.level = match value.as_str() {
                         "none" => Level::None,
@@ -121,7 +132,7 @@ impl Options {
                 known if ACCEPTED.contains(&known) => {}
                 unknown => {
                     return Err(format!(
-                        "unknown option {unknown:?}; known options: transaction, timings, associative, pretty, blob_array, level, q, db_timeout, {}",
+                        "unknown option {unknown:?}; known options: transaction, timings, associative, pretty, blob_array, level, freshness, freshness_strict, q, db_timeout, {}",
                         ACCEPTED.join(", ")
                     ));
                 }
@@ -174,6 +185,15 @@ mod tests {
         assert_eq!(
             parse(&[("db_timeout", "250ms")]).unwrap().db_timeout,
             Some(std::time::Duration::from_millis(250))
+        );
+        let o = parse(&[("freshness", "1s"), ("freshness_strict", "")]).unwrap();
+        assert_eq!(o.freshness, Some(std::time::Duration::from_secs(1)));
+        assert!(o.freshness_strict);
+        assert_eq!(parse(&[("freshness", "0s")]).unwrap().freshness, None);
+        assert!(
+            parse(&[("freshness", "soon")])
+                .unwrap_err()
+                .contains("freshness")
         );
         for bad in ["5", "2 s", "1x", "", "-1s"] {
             assert!(

@@ -94,6 +94,10 @@ pub fn router(
         .route("/db/execute", axum::routing::post(execute))
         .route("/db/query", get(query_get).post(query_post))
         .route("/db/request", get(request_get).post(request_post))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            crate::cluster::redirect,
+        ))
         .route("/status", get(status))
         .route("/readyz", get(readyz))
         .route("/nodes", get(crate::cluster::nodes))
@@ -336,7 +340,7 @@ async fn read(
 ) -> Result<Response, Failure> {
     let caller = &who.0;
     require(caller.perms.query, caller, "query")?;
-    crate::cluster::before_read(app, o.level).await?;
+    crate::cluster::before_read(app, o).await?;
     let started = Instant::now();
     let limits = app.limits(o, false, who.1.as_ref());
     let cancel = CancelOnDrop(limits.cancel.clone());

@@ -38,6 +38,13 @@ pub fn store_errno(e: &StoreError) -> Errno {
     }
 }
 
+/// The errno for a read whose wait for the mount's read level failed (no
+/// leader confirmed in time): EIO, never EROFS, since the read itself
+/// was not refused for being one, only its freshness could not be had.
+pub fn read_gate_errno(_: &StoreError) -> Errno {
+    Errno::EIO
+}
+
 /// The errno for a file-system read's failure.
 pub fn fs_errno(e: &FsError) -> Errno {
     match e {
@@ -185,6 +192,17 @@ mod tests {
         ];
         for (err, want) in table {
             assert_eq!(store_errno(&err), want, "{err:?}");
+        }
+    }
+
+    #[test]
+    fn a_read_that_could_not_be_made_fresh_is_eio_not_erofs() {
+        for err in [
+            StoreError::NoLeader("partitioned".into()),
+            StoreError::Replication("no answer".into()),
+            StoreError::Closed,
+        ] {
+            assert_eq!(read_gate_errno(&err), Errno::EIO, "{err:?}");
         }
     }
 

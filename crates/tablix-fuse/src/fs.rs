@@ -20,7 +20,7 @@ use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, SetAttr, SetTime, read
 use tablix_store::{Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
-use crate::errno::{fs_errno, store_errno, to_fuser};
+use crate::errno::{fs_errno, read_gate_errno, store_errno, to_fuser};
 use crate::pipes::{CONTROL_INO, Pipes};
 use crate::route::{self, Entry, Node};
 
@@ -38,6 +38,16 @@ pub struct FsConfig {
     pub max_write: u32,
     /// The data directory, whose file system statfs reports on.
     pub data_dir: PathBuf,
+    /// What every read of stored state through the mount waits for first
+    /// (a cluster node's read level); none: the node's own state at once.
+    pub read_gate: Option<Arc<dyn ReadGate>>,
+}
+
+/// A wait before a read through the mount: on a cluster node, until the
+/// node's state is fresh enough for the mount's read level. A read whose
+/// wait fails is answered EIO (its freshness cannot be promised).
+pub trait ReadGate: Send + Sync + std::fmt::Debug {
+    fn before_read(&self) -> Result<(), tablix_store::StoreError>;
 }
 
 pub struct TablixFs {
@@ -89,6 +99,12 @@ impl TablixFs {
         &self,
         f: impl FnOnce(&tablix_store::ReadConn) -> Result<R, FsError>,
     ) -> Result<R, Errno> {
+        if let Some(gate) = &self.config.read_gate {
+            gate.before_read().map_err(|e| {
+                tracing::debug!("a read through the mount waited in vain: {e}");
+                read_gate_errno(&e)
+            })?;
+        }
         self.store
             .read_latest(f)
             .map_err(|e| store_errno(&e))?

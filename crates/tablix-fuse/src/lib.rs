@@ -20,6 +20,6 @@ mod mount;
 mod pipes;
 mod route;
 
-pub use fs::{FsConfig, TablixFs};
+pub use fs::{FsConfig, ReadGate, TablixFs};
 pub use mount::{MountError, MountOptions, Mounted, mount};
 pub use pipes::{CAPACITY_XATTR, CONTROL_NAME, PIPES_NAME};

@@ -215,9 +215,28 @@ pub(crate) struct Shared {
     /// change while another is in progress, and nodes join concurrently.
     pub(crate) changing: tokio::sync::Mutex<()>,
     pub(crate) api_addr: std::sync::RwLock<Option<String>>,
+    /// When this node last took an append (entries or a heartbeat) from a
+    /// leader of its current term or a later one.
+    pub(crate) last_contact: std::sync::Mutex<Option<Instant>>,
+}
+
+/// How fresh a node's state is, for rqlite's `freshness`.
+#[derive(Clone, Copy, Debug)]
+pub struct Freshness {
+    /// How long ago the leader was last heard from (none: never since
+    /// this node started).
+    pub since_leader: Option<Duration>,
+    /// Entries this node holds in its log but has not applied.
+    pub unapplied: u64,
 }
 
 impl Shared {
+    pub(crate) fn heard_from_leader(&self) {
+        if let Ok(mut t) = self.last_contact.lock() {
+            *t = Some(Instant::now());
+        }
+    }
+
     /// The leader this node knows of and its raft address.
     fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics();
@@ -719,6 +738,43 @@ impl ClusterHandle {
         self.0.read_barrier(barrier).await
     }
 
+    pub fn is_leader(&self) -> bool {
+        self.0.raft.metrics().borrow().current_leader == Some(self.0.id)
+    }
+
+    /// How fresh this node's state is; `None` on the leader, whose state
+    /// is as fresh as the cluster's.
+    pub fn freshness(&self) -> Option<Freshness> {
+        let m = self.0.raft.metrics().borrow().clone();
+        if m.current_leader == Some(self.0.id) {
+            return None;
+        }
+        let since_leader = self
+            .0
+            .last_contact
+            .lock()
+            .ok()
+            .and_then(|t| t.map(|t| t.elapsed()));
+        let unapplied = m
+            .last_log_index
+            .unwrap_or(0)
+            .saturating_sub(m.last_applied.map_or(0, |l| l.index));
+        Some(Freshness {
+            since_leader,
+            unapplied,
+        })
+    }
+
+    /// The URL of the leader's SQL API (asked of the leader within
+    /// `ttl`), if a leader is known and serves one.
+    pub async fn leader_api(&self, ttl: Duration) -> Option<String> {
+        let (id, addr) = self.0.leader()?;
+        if id == self.0.id {
+            return self.0.api_addr.read().ok().and_then(|a| a.clone());
+        }
+        self.0.transport.status(&addr, ttl).await.ok()?.api_addr
+    }
+
     /// Whether this node is a learner (a member that does not vote).
     pub fn is_learner(&self) -> bool {
         let s = self.0.status();
@@ -781,6 +837,7 @@ impl ClusterNode {
             leader_wait: config.leader_wait,
             changing: tokio::sync::Mutex::new(()),
             api_addr: std::sync::RwLock::new(None),
+            last_contact: std::sync::Mutex::new(None),
         });
         tokio::spawn(break_split_votes(
             shared.raft.clone(),

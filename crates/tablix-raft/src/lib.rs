@@ -26,8 +26,8 @@ mod transport;
 mod types;
 
 pub use cluster::{
-    ClusterConfig, ClusterError, ClusterHandle, ClusterNode, ClusterStatus, JoinRequest, LOG_DIR,
-    Member, NodeReport, ReadBarrier, RemoveRequest, SNAPSHOT_DIR, Start,
+    ClusterConfig, ClusterError, ClusterHandle, ClusterNode, ClusterStatus, Freshness, JoinRequest,
+    LOG_DIR, Member, NodeReport, ReadBarrier, RemoveRequest, SNAPSHOT_DIR, Start,
 };
 pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};

@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use openraft::raft::AppendEntriesResponse;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -94,7 +95,18 @@ fn encode<T: Serialize>(answer: &T) -> Response {
 
 async fn append(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     match decode(&body) {
-        Ok(request) => encode(&s.raft.append_entries(request).await),
+        Ok(request) => {
+            let answer = s.raft.append_entries(request).await;
+            if let Ok(
+                AppendEntriesResponse::Success
+                | AppendEntriesResponse::PartialSuccess(_)
+                | AppendEntriesResponse::Conflict,
+            ) = &answer
+            {
+                s.heard_from_leader();
+            }
+            encode(&answer)
+        }
         Err(m) => bad_request(m),
     }
 }

@@ -154,6 +154,19 @@ pub enum ModeArg {
     Async,
 }
 
+/// The read level of a cluster node's mount, as rqlite names levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MountReadArg {
+    /// The node's own state, at once.
+    None,
+    /// The state the leader has applied.
+    Weak,
+    /// What a quorum confirmed committed (read index).
+    Linearizable,
+    /// An entry of its own through the log.
+    Strong,
+}
+
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// Data directory [default: $TABLIX_DATA, else $XDG_DATA_HOME/tablix, else ~/.local/share/tablix]
@@ -255,6 +268,18 @@ pub struct UpArgs {
     pub insecure_raft: bool,
     #[command(flatten)]
     pub raft_tls: RaftTlsArgs,
+    /// On a cluster node, what a read through the mount waits for before
+    /// it reads the node's state (each lookup, getattr, read and readdir
+    /// that reaches the daemon; kernel caches are invalidated as entries
+    /// apply).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "LEVEL",
+        default_value = "none",
+        requires = "raft"
+    )]
+    pub mount_read: MountReadArg,
     /// Take a snapshot (and compact the log behind it) every this many
     /// applied entries.
     #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tablix_api::{ApiConfig, AuthFile, Endpoint, ServerInfo, router};
-use tablix_raft::{ClusterConfig, ClusterHandle, ClusterNode, Start};
+use tablix_raft::{ClusterConfig, ClusterHandle, ClusterNode, ReadBarrier, Start};
 use tablix_store::{DaemonRecord, Durability, LogKeeper, Store, StoreConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{ModeArg, UpArgs};
+use crate::cli::{ModeArg, MountReadArg, UpArgs};
 use crate::discovery::{self, DaemonFile};
 
 /// How long requests in flight may take to finish once the daemon stops
@@ -271,6 +271,7 @@ async fn serve(
     cluster: Option<ClusterHandle>,
 ) -> anyhow::Result<Option<tablix_fuse::Mounted>> {
     let has_tls = tls.is_some();
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let tcp = Endpoint::tcp(args.http, tls).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot listen on {}: {e}; is another tablix (or rqlite) using it? choose another address with --http",
@@ -279,7 +280,7 @@ async fn serve(
     })?;
     let addr: SocketAddr = tcp.local_addr().unwrap_or(args.http);
     if let Some(c) = &cluster {
-        c.set_api_addr(addr.to_string());
+        c.set_api_addr(format!("{scheme}://{addr}"));
     }
     let socket = data.join(discovery::SOCKET);
     let unix =
@@ -296,7 +297,14 @@ async fn serve(
     let mounted = match &args.mountpoint {
         // Mounting waits on the store's writer: not on an async worker.
         Some(mp) => Some(tokio::task::block_in_place(|| {
-            mount(Arc::clone(&store), args, data, durability, mp)
+            mount(
+                Arc::clone(&store),
+                args,
+                data,
+                durability,
+                mp,
+                cluster.as_ref(),
+            )
         })?),
         None => None,
     };
@@ -409,8 +417,23 @@ fn mount(
     data: &Path,
     durability: Durability,
     mountpoint: &Path,
+    cluster: Option<&ClusterHandle>,
 ) -> anyhow::Result<tablix_fuse::Mounted> {
     let root = nix::unistd::geteuid().is_root();
+    let barrier = match args.mount_read {
+        MountReadArg::None => None,
+        MountReadArg::Weak => Some(ReadBarrier::Leader),
+        MountReadArg::Linearizable => Some(ReadBarrier::Quorum),
+        MountReadArg::Strong => Some(ReadBarrier::Log),
+    };
+    let read_gate = match (cluster, barrier) {
+        (Some(cluster), Some(barrier)) => Some(Arc::new(MountReads {
+            cluster: cluster.clone(),
+            barrier,
+            runtime: tokio::runtime::Handle::current(),
+        }) as Arc<dyn tablix_fuse::ReadGate>),
+        _ => None,
+    };
     let options = tablix_fuse::MountOptions {
         mountpoint: mountpoint.to_path_buf(),
         fs: tablix_fuse::FsConfig {
@@ -418,11 +441,28 @@ fn mount(
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data.to_path_buf(),
+            read_gate,
         },
         threads: args.fuse_threads as usize,
         allow_other: root || args.allow_other,
     };
     Ok(tablix_fuse::mount(store, options)?)
+}
+
+/// A cluster node's mount read level: each read waits on the FUSE thread
+/// that serves it (never an async worker) until the node may serve it.
+#[derive(Debug)]
+struct MountReads {
+    cluster: ClusterHandle,
+    barrier: ReadBarrier,
+    runtime: tokio::runtime::Handle,
+}
+
+impl tablix_fuse::ReadGate for MountReads {
+    fn before_read(&self) -> Result<(), tablix_store::StoreError> {
+        self.runtime
+            .block_on(self.cluster.read_barrier(self.barrier))
+    }
 }
 
 /// Crash tests of debug builds: `TABLIX_KILL_AT=POINT:N` makes the daemon

@@ -79,6 +79,7 @@ pub fn mount_at(mode: Durability, tmp: tempfile::TempDir, data: PathBuf) -> Fixt
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data,
+            read_gate: None,
         },
         threads: 4,
         allow_other: true,

@@ -75,11 +75,18 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
             }
         })
         .collect();
-    let mut daemons: Vec<Option<Daemon>> = Vec::new();
-    daemons.push(Some(nodes[0].start(&["--bootstrap"])));
-    for n in &nodes[1..] {
-        daemons.push(Some(n.start(&["--join", &nodes[0].raft])));
-    }
+    // Node 3's mount reads at level weak: a file written through another
+    // mount is there at once when that write returned.
+    let mut daemons: Vec<Option<Daemon>> = vec![
+        Some(nodes[0].start(&["--bootstrap"])),
+        Some(nodes[1].start(&["--join", &nodes[0].raft])),
+        Some(nodes[2].start(&[
+            "--join",
+            &nodes[0].raft,
+            "--mount-read",
+            "weak",
+        ])),
+    ];
     eventually("node 1 to lead all three", || {
         nodes.iter().all(|n| leader(&n.raft) == Some(1))
     });
@@ -122,6 +129,15 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
             read(&n.mnt.join("f")).as_deref() == Some(&b"shorter now"[..])
         });
     }
+    for i in 0..20 {
+        let name = format!("at-once-{i}");
+        std::fs::write(nodes[1].mnt.join(&name), name.as_bytes()).unwrap();
+        assert_eq!(
+            read(&nodes[2].mnt.join(&name)).as_deref(),
+            Some(name.as_bytes()),
+            "a weak read on node 3's mount missed a write that returned on node 2's"
+        );
+    }
     std::fs::remove_file(nodes[0].mnt.join("f")).unwrap();
     for n in &nodes {
         eventually("the file gone from every mount", || {
@@ -156,6 +172,50 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         };
         assert_eq!(q["results"][0]["values"][0][0], n, "{q}");
     }
+    // rqlite's redirect: a follower answers 301 to the leader's API, with
+    // the path and query kept; a read at level none stays local.
+    let no_follow: ureq::Agent = ureq::Agent::config_builder()
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let r = no_follow
+        .post(format!("http://{}/db/execute?redirect&pretty", d2.addr))
+        .send(r#"["INSERT INTO t VALUES (99)"]"#)
+        .unwrap();
+    assert_eq!(r.status(), 301);
+    let location = r.headers()["location"].to_str().unwrap().to_string();
+    assert_eq!(
+        location,
+        format!("http://{}/db/execute?redirect&pretty", d1.addr)
+    );
+    let r = no_follow
+        .get(format!(
+            "http://{}/db/query?redirect&level=none&q=SELECT%201",
+            d2.addr
+        ))
+        .call()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // rqlite's freshness: a follower's level-none read is stale when the
+    // leader was heard from longer ago than the bound.
+    let fresh = |bound: &str| -> serde_json::Value {
+        let mut r = ureq::get(format!(
+            "http://{}/db/query?level=none&freshness={bound}&q=SELECT%20count(*)%20FROM%20t",
+            d2.addr
+        ))
+        .call()
+        .unwrap();
+        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    let stale = fresh("1ns");
+    assert!(
+        stale["error"].as_str().unwrap().starts_with("stale read"),
+        "{stale}"
+    );
+    let ok = fresh("10s");
+    assert_eq!(ok["results"][0]["values"][0][0], 5, "{ok}");
+
     // The shell's cluster dot-commands, through any node.
     let out = std::process::Command::new(BIN)
         .args(["sql", "--addr", &d3.addr, ".nodes", ".leader"])
