@@ -34,7 +34,7 @@ pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};
 pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
 pub use tls::{NodeTls, TlsError, TlsFiles};
-pub use transport::{Network, Transport, TransportError};
+pub use transport::{Faults, Network, Transport, TransportError};
 pub use types::{Batch, Node, NodeId, TypeConfig};
 
 /// The log's id of openraft's entry `index` of `term`.

@@ -105,6 +105,36 @@ pub struct Transport {
     /// Addresses this node acts as if it could not reach (a partition,
     /// injected by tests with [`Transport::cut_off`]).
     cut: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
+    /// Faults injected into every request (tests), with the state of the
+    /// generator that decides each request's fate.
+    faults: std::sync::Arc<std::sync::Mutex<Option<(Faults, u64)>>>,
+}
+
+/// Faults a test injects into a transport: each request independently
+/// may be held back, lost before delivery, delivered with its answer
+/// lost, or delivered twice. Decided by a generator from `seed`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Chance a request is lost before it is delivered.
+    pub drop_request: f64,
+    /// Chance the answer to a delivered request is lost.
+    pub drop_answer: f64,
+    /// Chance a request is delivered a second time, up to `max_delay`
+    /// later (the copy's answer is ignored).
+    pub duplicate: f64,
+    /// Every request is held back a random time up to this, so requests
+    /// overtake one another.
+    pub max_delay: Duration,
+    pub seed: u64,
+}
+
+/// The fate of one request.
+#[derive(Default)]
+struct Fate {
+    delay: Duration,
+    drop_request: bool,
+    drop_answer: bool,
+    duplicate_after: Option<Duration>,
 }
 
 impl Default for Transport {
@@ -143,6 +173,7 @@ impl Transport {
             client,
             identity,
             cut: Default::default(),
+            faults: Default::default(),
         }
     }
 
@@ -154,10 +185,45 @@ impl Transport {
         }
     }
 
-    /// Undoes every [`Transport::cut_off`].
+    /// Undoes every [`Transport::cut_off`] and [`Transport::inject`].
     pub fn heal(&self) {
         if let Ok(mut cut) = self.cut.write() {
             cut.clear();
+        }
+        if let Ok(mut f) = self.faults.lock() {
+            *f = None;
+        }
+    }
+
+    /// From now on requests this transport sends meet `faults` (tests:
+    /// a lossy, slow, duplicating, reordering network).
+    pub fn inject(&self, faults: Faults) {
+        if let Ok(mut f) = self.faults.lock() {
+            *f = Some((faults, faults.seed | 1));
+        }
+    }
+
+    /// What happens to the next request.
+    fn fate(&self) -> Fate {
+        let Ok(mut guard) = self.faults.lock() else {
+            return Fate::default();
+        };
+        let Some((faults, rng)) = guard.as_mut() else {
+            return Fate::default();
+        };
+        let mut roll = || {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            (*rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let max = faults.max_delay.as_secs_f64();
+        Fate {
+            delay: Duration::from_secs_f64(max * roll()),
+            drop_request: roll() < faults.drop_request,
+            drop_answer: roll() < faults.drop_answer,
+            duplicate_after: (roll() < faults.duplicate)
+                .then(|| Duration::from_secs_f64(max * roll())),
         }
     }
 
@@ -185,16 +251,42 @@ impl Transport {
                 message: "cut off (a partition)".into(),
             });
         }
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("{}://{addr}{path}", self.client.scheme()))
-            .header(CONTENT_TYPE, "application/octet-stream");
-        if let Some(id) = self.identity.get() {
-            request = request.header(cluster_id::HEADER, id);
+        let body = Bytes::from(body);
+        let build = |body: Bytes| {
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(format!("{}://{addr}{path}", self.client.scheme()))
+                .header(CONTENT_TYPE, "application/octet-stream");
+            if let Some(id) = self.identity.get() {
+                request = request.header(cluster_id::HEADER, id);
+            }
+            request
+                .body(Full::new(body))
+                .map_err(|e| TransportError::Encode(e.to_string()))
+        };
+        let fate = self.fate();
+        if !fate.delay.is_zero() {
+            tokio::time::sleep(fate.delay).await;
         }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| TransportError::Encode(e.to_string()))?;
+        if fate.drop_request {
+            return Err(TransportError::Unreachable {
+                addr: addr.to_string(),
+                message: "the request was dropped (an injected fault)".into(),
+            });
+        }
+        if let Some(after) = fate.duplicate_after {
+            // The copy arrives later, maybe after requests sent since;
+            // its answer goes nowhere.
+            let copy = build(body.clone())?;
+            let client = self.client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if let Ok(r) = client.request(copy).await {
+                    let _ = r.into_body().collect().await;
+                }
+            });
+        }
+        let request = build(body)?;
         let deadline = Instant::now() + ttl;
         let response = match tokio::time::timeout(ttl, self.client.request(request)).await {
             Err(_) => return Err(no_answer(format!("nothing within {ttl:?}"))),
@@ -219,6 +311,11 @@ impl Transport {
             Ok(Err(e)) => return Err(no_answer(e.to_string())),
             Ok(Ok(b)) => b.to_bytes(),
         };
+        if fate.drop_answer {
+            return Err(no_answer(
+                "the answer was dropped (an injected fault)".into(),
+            ));
+        }
         if status != 200 {
             return Err(TransportError::Refused {
                 addr: addr.to_string(),

@@ -1,7 +1,8 @@
 //! A Jepsen-style test on three nodes with real sockets: clients on every
 //! node run register reads, writes and compare-and-sets and bank
-//! transfers while a nemesis partitions one node from the others and
-//! heals, again and again. The register's history is checked with a
+//! transfers while a nemesis partitions one node from the others, or
+//! makes the network lose, double and reorder requests, and heals, again
+//! and again. The register's history is checked with a
 //! linearizability checker (`consistency_model`'s, extracted from
 //! stateright); every read of the bank's total sees the same total; at the
 //! end every node holds the same state.
@@ -287,13 +288,29 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
             let nodes = Arc::clone(&nodes);
             tokio::spawn(async move {
                 let mut rng = Rng(seed ^ 0xBAD);
+                let mut round = 0u64;
                 while Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(300)).await;
-                    let victim = rng.below(3) as usize;
-                    let addr = |i: usize| nodes[i].0.addr().to_string();
-                    for other in (0..3).filter(|o| *o != victim) {
-                        nodes[victim].0.transport().cut_off(&addr(other));
-                        nodes[other].0.transport().cut_off(&addr(victim));
+                    round += 1;
+                    if round.is_multiple_of(2) {
+                        // Every other round a lossy network instead: requests
+                        // and answers lost, doubled, and overtaking.
+                        for (i, (n, _)) in nodes.iter().enumerate() {
+                            n.transport().inject(tablix_raft::Faults {
+                                drop_request: 0.05,
+                                drop_answer: 0.05,
+                                duplicate: 0.1,
+                                max_delay: Duration::from_millis(15),
+                                seed: seed ^ (round << 8) ^ i as u64,
+                            });
+                        }
+                    } else {
+                        let victim = rng.below(3) as usize;
+                        let addr = |i: usize| nodes[i].0.addr().to_string();
+                        for other in (0..3).filter(|o| *o != victim) {
+                            nodes[victim].0.transport().cut_off(&addr(other));
+                            nodes[other].0.transport().cut_off(&addr(victim));
+                        }
                     }
                     // Sometimes past the leader wait (2 s): operations
                     // there fail with no known outcome.

@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cluster;
+mod faults;
 mod jepsen;
 mod network;
 mod trust;

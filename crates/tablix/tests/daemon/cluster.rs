@@ -80,12 +80,7 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     let mut daemons: Vec<Option<Daemon>> = vec![
         Some(nodes[0].start(&["--bootstrap"])),
         Some(nodes[1].start(&["--join", &nodes[0].raft])),
-        Some(nodes[2].start(&[
-            "--join",
-            &nodes[0].raft,
-            "--mount-read",
-            "weak",
-        ])),
+        Some(nodes[2].start(&["--join", &nodes[0].raft, "--mount-read", "weak"])),
     ];
     eventually("node 1 to lead all three", || {
         nodes.iter().all(|n| leader(&n.raft) == Some(1))
