@@ -33,6 +33,11 @@ use crate::{LogStore, StateMachine};
 /// caught up).
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(60);
 
+/// How long a leadership transfer may take: the target catching up, the
+/// followers' leases running out (the longest election timeout), and an
+/// election.
+const TRANSFER_WAIT: Duration = Duration::from_secs(10);
+
 /// Where in a data directory a node keeps its raft log.
 pub const LOG_DIR: &str = "raft-log";
 /// Where in a data directory a node keeps its snapshots.
@@ -218,6 +223,12 @@ pub(crate) struct Shared {
     /// When this node last took an append (entries or a heartbeat) from a
     /// leader of its current term or a later one.
     pub(crate) last_contact: std::sync::Mutex<Option<Instant>>,
+    /// Set on the leader while it hands leadership over: it takes no
+    /// proposal (they wait for the next leader).
+    pub(crate) transferring: std::sync::atomic::AtomicBool,
+    /// Until when this node holds back from standing for election (a
+    /// leadership transfer asked it to).
+    pub(crate) hold_until: std::sync::Mutex<Option<Instant>>,
 }
 
 /// How fresh a node's state is, for rqlite's `freshness`.
@@ -354,6 +365,9 @@ impl Shared {
         let mut last = String::from("no leader is known");
         loop {
             match self.leader() {
+                Some((id, _)) if id == self.id && self.is_transferring() => {
+                    last = "this node is handing leadership over".into();
+                }
                 Some((id, _)) if id == self.id => {
                     // A leader cut off from its quorum does not know it:
                     // its entry waits for a commit that may never come.
@@ -596,6 +610,159 @@ impl Shared {
         }
     }
 
+    pub(crate) fn is_transferring(&self) -> bool {
+        self.transferring.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Stands for no election for `hold` (a leadership transfer to
+    /// another node is under way); then stands again unless a later hold
+    /// runs longer.
+    pub(crate) fn hold_elections(self: &Arc<Self>, hold: Duration) {
+        if hold.is_zero() {
+            if let Ok(mut h) = self.hold_until.lock() {
+                *h = None;
+            }
+            self.raft.runtime_config().elect(true);
+            return;
+        }
+        let until = Instant::now() + hold;
+        if let Ok(mut h) = self.hold_until.lock() {
+            *h = Some(until);
+        }
+        self.raft.runtime_config().elect(false);
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            let over = me
+                .hold_until
+                .lock()
+                .map(|h| h.is_none_or(|h| Instant::now() >= h))
+                .unwrap_or(true);
+            if over {
+                me.raft.runtime_config().elect(true);
+            }
+        });
+    }
+
+    /// Hands leadership to voter `target` (on the leader; another node
+    /// sends it there). The leader stops taking proposals, waits until
+    /// `target` holds its whole log, asks the other voters to stand for
+    /// no election for a while, and stops its heartbeats: once the
+    /// followers' leases run out, `target`, alone in standing, is
+    /// elected. Raft's own rules keep it safe whatever happens; if
+    /// `target` is not leader within the wait, everything is turned back
+    /// on and the cluster elects as usual.
+    pub(crate) async fn transfer_leader(self: &Arc<Self>, target: NodeId) -> Result<(), String> {
+        match self.leader() {
+            Some((id, _)) if id == self.id => {}
+            Some((_, addr)) => {
+                return self
+                    .transport
+                    .call::<_, Result<(), String>>(&addr, path::TRANSFER, &target, TRANSFER_WAIT)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            None => return Err("no leader is known: try again once one is elected".into()),
+        }
+        if target == self.id {
+            return Ok(());
+        }
+        let status = self.status();
+        let Some(member) = status.members.iter().find(|m| m.id == target) else {
+            return Err(format!("node {target} is not a member"));
+        };
+        if !member.voter {
+            return Err(format!(
+                "node {target} is a learner: make it a voter (tablix cluster add) before handing it leadership"
+            ));
+        }
+        let _turn = self.changing.lock().await;
+        self.transferring
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let outcome = self.hand_over(target, &status).await;
+        self.raft.runtime_config().heartbeat(true);
+        self.transferring
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        outcome
+    }
+
+    async fn hand_over(
+        self: &Arc<Self>,
+        target: NodeId,
+        status: &ClusterStatus,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + TRANSFER_WAIT;
+        // The target must hold everything this leader appended.
+        loop {
+            let caught_up = {
+                let m = self.raft.metrics();
+                let m = m.borrow();
+                let matched = m
+                    .replication
+                    .as_ref()
+                    .and_then(|r| r.get(&target).copied().flatten())
+                    .map(|l| l.index);
+                m.last_log_index.is_some() && matched == m.last_log_index
+            };
+            if caught_up {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "node {target} did not catch up with the leader's log within {TRANSFER_WAIT:?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let hold = TRANSFER_WAIT;
+        for m in status.members.iter().filter(|m| m.voter && m.id != target) {
+            if m.id == self.id {
+                self.hold_elections(hold);
+                continue;
+            }
+            let held: Result<Result<(), String>, TransportError> = self
+                .transport
+                .call(
+                    &m.addr,
+                    path::HOLD,
+                    &(hold.as_millis() as u64),
+                    Duration::from_secs(2),
+                )
+                .await;
+            if let Err(e) = held.map_err(|e| e.to_string()).and_then(|r| r) {
+                // It may stand against the target; the transfer may still
+                // work, and nothing unsafe follows if it does not.
+                tracing::warn!("node {} did not agree to hold its elections: {e}", m.id);
+            }
+        }
+        self.raft.runtime_config().heartbeat(false);
+        let elected = self
+            .raft
+            .wait(Some(deadline.saturating_duration_since(Instant::now())))
+            .metrics(|m| m.current_leader == Some(target), "the target to lead")
+            .await;
+        // Whatever happened, no node holds back any longer than needed.
+        self.release_holds(status).await;
+        elected.map(|_| ()).map_err(|_| {
+            format!(
+                "node {target} was not elected within {TRANSFER_WAIT:?}; the cluster elects as usual"
+            )
+        })
+    }
+
+    async fn release_holds(self: &Arc<Self>, status: &ClusterStatus) {
+        for m in status.members.iter().filter(|m| m.voter) {
+            if m.id == self.id {
+                self.hold_elections(Duration::ZERO);
+            } else {
+                let _: Result<Result<(), String>, TransportError> = self
+                    .transport
+                    .call(&m.addr, path::HOLD, &0u64, Duration::from_secs(2))
+                    .await;
+            }
+        }
+    }
+
     /// Removes a node (on the leader; another node sends it there).
     pub(crate) async fn remove(&self, request: RemoveRequest) -> Result<(), String> {
         match self.leader() {
@@ -641,8 +808,10 @@ impl Shared {
 /// with three daemons started by one shell loop). A node that stands
 /// twice in a row without a leader sits out a random part of the longest
 /// timeout, granting votes meanwhile, so another can win.
-async fn break_split_votes(raft: Raft<TypeConfig>, longest_ms: u64) {
-    let mut metrics = raft.metrics();
+async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
+    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+        return;
+    };
     let mut stood = 0u32;
     let mut last_term = 0;
     while metrics.changed().await.is_ok() {
@@ -662,9 +831,20 @@ async fn break_split_votes(raft: Raft<TypeConfig>, longest_ms: u64) {
             stood = 0;
             let pause = Duration::from_millis(random_below(longest_ms.max(1)));
             tracing::debug!("two elections in a row without a leader: sitting out {pause:?}");
-            raft.runtime_config().elect(false);
+            let Some(s) = shared.upgrade() else { return };
+            s.raft.runtime_config().elect(false);
+            drop(s);
             tokio::time::sleep(pause).await;
-            raft.runtime_config().elect(true);
+            let Some(s) = shared.upgrade() else { return };
+            // A leadership transfer's hold outlasts this pause.
+            let held = s
+                .hold_until
+                .lock()
+                .map(|h| h.is_some_and(|h| Instant::now() < h))
+                .unwrap_or(false);
+            if !held {
+                s.raft.runtime_config().elect(true);
+            }
         }
     }
 }
@@ -838,9 +1018,11 @@ impl ClusterNode {
             changing: tokio::sync::Mutex::new(()),
             api_addr: std::sync::RwLock::new(None),
             last_contact: std::sync::Mutex::new(None),
+            transferring: std::sync::atomic::AtomicBool::new(false),
+            hold_until: std::sync::Mutex::new(None),
         });
         tokio::spawn(break_split_votes(
-            shared.raft.clone(),
+            Arc::downgrade(&shared),
             config.election_timeout_ms.1,
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -1024,6 +1206,14 @@ impl ClusterNode {
                 addr: addr.to_string(),
                 voter,
             })
+            .await
+            .map_err(ClusterError::Membership)
+    }
+
+    /// Hands leadership to voter `id` (through the leader).
+    pub async fn transfer_leader(&self, id: NodeId) -> Result<(), ClusterError> {
+        self.shared
+            .transfer_leader(id)
             .await
             .map_err(ClusterError::Membership)
     }

@@ -19,7 +19,9 @@ use serde::de::DeserializeOwned;
 
 use crate::cluster::{JoinRequest, RemoveRequest, Shared};
 use crate::cluster_id::{self, IdentityError};
+use crate::proposer::{Committed, ProposeError};
 use crate::transport::path;
+use crate::types::NodeId;
 
 /// Largest request body: a batch of entries of up to a few MiB each.
 const MAX_BODY: usize = 256 << 20;
@@ -33,6 +35,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(path::READ_INDEX, post(read_index))
         .route(path::JOIN, post(join))
         .route(path::REMOVE, post(remove))
+        .route(path::TRANSFER, post(transfer))
+        .route(path::HOLD, post(hold))
         .route(path::STATUS, get(status))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(
@@ -44,7 +48,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 
 /// Lets through only requests of this node's cluster. Another node always
 /// names its cluster; tools (`tablix cluster`) may name none, for the
-/// status and membership requests they send. A node that has no id yet
+/// status, membership and leadership requests they send. A node that has no id yet
 /// takes the first one it is sent.
 async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     let theirs = request
@@ -53,7 +57,7 @@ async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next
         .map(|v| v.to_str().unwrap_or("").to_string());
     let from_tool = matches!(
         request.uri().path(),
-        path::STATUS | path::JOIN | path::REMOVE
+        path::STATUS | path::JOIN | path::REMOVE | path::TRANSFER
     );
     match theirs {
         None if from_tool => next.run(request).await,
@@ -127,7 +131,29 @@ async fn snapshot(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
 
 async fn propose(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
     match decode(&body) {
+        // A leader handing over takes nothing new: the sender tries again
+        // at the next leader.
+        Ok(_) if s.is_transferring() => encode(&Err::<Committed, _>(ProposeError::NotLeader {
+            leader: None,
+        })),
         Ok(command) => encode(&s.proposer.propose_at(command).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn transfer(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode::<NodeId>(&body) {
+        Ok(target) => encode(&s.transfer_leader(target).await),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn hold(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
+    match decode::<u64>(&body) {
+        Ok(millis) => {
+            s.hold_elections(std::time::Duration::from_millis(millis.min(60_000)));
+            encode(&Ok::<(), String>(()))
+        }
         Err(m) => bad_request(m),
     }
 }

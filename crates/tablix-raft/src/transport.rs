@@ -42,6 +42,8 @@ pub(crate) mod path {
     pub const READ_INDEX: &str = "/raft/read-index";
     pub const JOIN: &str = "/raft/join";
     pub const REMOVE: &str = "/raft/remove";
+    pub const TRANSFER: &str = "/raft/transfer-leader";
+    pub const HOLD: &str = "/raft/hold-elections";
     pub const STATUS: &str = "/raft/status";
 }
 
@@ -367,6 +369,17 @@ impl Transport {
     ) -> Result<Result<(), String>, TransportError> {
         self.call(addr, path::REMOVE, &crate::RemoveRequest { id }, ttl)
             .await
+    }
+
+    /// Asks the node whose raft service is at `addr` to hand leadership
+    /// to node `id` (it sends the request on to the leader).
+    pub async fn transfer_leader(
+        &self,
+        addr: &str,
+        id: NodeId,
+        ttl: Duration,
+    ) -> Result<Result<(), String>, TransportError> {
+        self.call(addr, path::TRANSFER, &id, ttl).await
     }
 
     /// The status of the node whose raft service is at `addr`.

@@ -364,6 +364,12 @@ pub enum ClusterAction {
         #[arg(value_name = "HOST:PORT")]
         addr: String,
     },
+    /// Hand leadership to a voter: the leader waits until it holds the
+    /// whole log, and lets it win the next election.
+    TransferLeader {
+        #[arg(value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]
+        id: u64,
+    },
     /// Remove a node (never the last voter).
     Remove {
         #[arg(value_name = "ID", value_parser = clap::value_parser!(u64).range(1..))]

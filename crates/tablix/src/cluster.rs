@@ -72,6 +72,9 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
                 .await?
         }
         ClusterAction::Remove { id } => transport.remove(&args.raft, id, wait).await?,
+        ClusterAction::TransferLeader { id } => {
+            transport.transfer_leader(&args.raft, id, wait).await?
+        }
     };
     match changed {
         Ok(()) => {

@@ -394,3 +394,77 @@ fn a_partitioned_minority_takes_no_write_and_serves_no_linearizable_read() {
         }
     });
 }
+
+#[test]
+fn five_nodes_hand_leadership_to_the_node_asked_and_go_on_taking_writes() {
+    let dirs: Vec<tempfile::TempDir> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let mut nodes = vec![start(1, dirs[0].path(), Start::Bootstrap, 5000).await];
+        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let seed = nodes[0].0.addr().to_string();
+        for id in 2..=5u64 {
+            nodes.push(
+                start(
+                    id,
+                    dirs[id as usize - 1].path(),
+                    Start::Join(seed.clone()),
+                    5000,
+                )
+                .await,
+            );
+        }
+        let learner = start(6, dirs[5].path(), Start::Resume, 5000).await;
+        nodes[0]
+            .0
+            .add(6, &learner.0.addr().to_string(), false)
+            .await
+            .unwrap();
+        for (n, _) in &nodes {
+            eventually("five voters and a learner", || {
+                let s = n.status();
+                s.members.iter().filter(|m| m.voter).count() == 5 && s.members.len() == 6
+            })
+            .await;
+        }
+        nodes[1]
+            .0
+            .propose(stamped(1, sql(&["CREATE TABLE t(x)"])))
+            .await
+            .unwrap();
+        let mut written = 0;
+        // Asked through a follower, then through the leader.
+        for (asked, target) in [(2usize, 5u64), (4, 2), (1, 4)] {
+            let began = Instant::now();
+            nodes[asked].0.transfer_leader(target).await.unwrap();
+            eprintln!("leadership to node {target} in {:?}", began.elapsed());
+            for (n, _) in &nodes {
+                eventually("every node to know the new leader", || {
+                    n.status().leader == Some(target)
+                })
+                .await;
+            }
+            // Writes go on through every node.
+            for (i, (n, _)) in nodes.iter().enumerate() {
+                written += 1;
+                n.propose(stamped(
+                    100 + written,
+                    sql(&[&format!("INSERT INTO t VALUES ({i})")]),
+                ))
+                .await
+                .unwrap();
+            }
+        }
+        let refused = nodes[0].0.transfer_leader(6).await.unwrap_err().to_string();
+        assert!(refused.contains("learner"), "{refused}");
+        let refused = nodes[0].0.transfer_leader(9).await.unwrap_err().to_string();
+        assert!(refused.contains("not a member"), "{refused}");
+        assert_eq!(nodes[0].0.status().leader, Some(4));
+        for (_, store) in nodes.iter().chain(std::iter::once(&learner)) {
+            eventually("every row on every node", || count(store) == written).await;
+        }
+        stop(learner.0, learner.1).await;
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
+    });
+}
