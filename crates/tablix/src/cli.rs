@@ -582,6 +582,22 @@ pub struct ClusterBenchArgs {
     /// the mounts need root).
     #[arg(long, default_value_t = 2000)]
     pub tree_files: u64,
+    /// Size of the seed's four batch workloads run through each system's
+    /// shell, as a multiple of the seed's (1: 15,000 statements for
+    /// write-only; 0: skip them).
+    #[arg(long, default_value_t = 1.0, value_parser = parse_scale)]
+    pub workload_scale: f64,
+    /// rqlite's shell, for the batch workloads [default: `rqlite` beside
+    /// --rqlited].
+    #[arg(long, value_name = "PATH")]
+    pub rqlite: Option<PathBuf>,
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a scale between 0 and 100")),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -146,8 +146,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
                 filter = filter.add_directive(quiet);
             }
             // openraft narrates every vote and membership step at info;
-            // its warnings and errors are what an operator needs.
-            if !chosen.contains("openraft")
+            // its warnings and errors are what an operator needs. A level
+            // quieter than warn already covers it.
+            let verbose = filter
+                .max_level_hint()
+                .is_none_or(|l| l > tracing_subscriber::filter::LevelFilter::WARN);
+            if verbose
+                && !chosen.contains("openraft")
                 && let Ok(quiet) = "openraft=warn".parse()
             {
                 filter = filter.add_directive(quiet);

@@ -1,5 +1,6 @@
 //! `tablix bench cluster`: tablix and rqlite clusters on loopback, in one
-//! run. Concurrent single-row inserts through the leader's HTTP API
+//! run. The seed's four batch workloads through each system's shell
+//! against plain sqlite3 (`workloads.rs`); concurrent single-row inserts through the leader's HTTP API
 //! (rate, p50, p99) on clusters of 1 and 3 nodes; a source tree unpacked
 //! and removed on a 3-node cluster's mount (the leader's and a
 //! follower's) against a 1-node cluster's; and the time from SIGKILL of
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::answer;
+use super::{answer, workloads};
 use crate::cli::ClusterBenchArgs;
 
 /// A free loopback address (bound, then released).
@@ -310,15 +311,20 @@ fn inserts(http: &str, clients: usize, seconds: f64) -> anyhow::Result<Load> {
 }
 
 fn create_table(http: &str) -> anyhow::Result<()> {
-    let agent = ureq::Agent::new_with_defaults();
-    let text = post(
-        &agent,
-        &format!("http://{http}/db/execute"),
-        r#"["CREATE TABLE bench(id INTEGER PRIMARY KEY, v INTEGER)"]"#.into(),
+    execute(
+        http,
+        "CREATE TABLE bench(id INTEGER PRIMARY KEY, v INTEGER)",
     )
-    .context("creating the bench table")?;
+}
+
+/// Runs one statement through `/db/execute` and checks it succeeded.
+fn execute(http: &str, statement: &str) -> anyhow::Result<()> {
+    let agent = ureq::Agent::new_with_defaults();
+    let body = serde_json::to_string(&[statement])?;
+    let text = post(&agent, &format!("http://{http}/db/execute"), body)
+        .with_context(|| format!("no answer to {statement}"))?;
     if !answer::succeeded(&text) {
-        bail!("creating the bench table: {text}");
+        bail!("{statement}: {text}");
     }
     Ok(())
 }
@@ -395,6 +401,25 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         eprintln!("no --rqlited: measuring tablix alone");
     }
 
+    // The seed's batch workloads: plain sqlite3 first, then each system
+    // on each cluster below. (label, seconds per workload)
+    let workloads = workloads::all(a.workload_scale);
+    let scripts = workloads::write_scripts(&dir.join("workloads"), &workloads)?;
+    let run_batches = a.workload_scale > 0.0;
+    let mut batches: Vec<(String, Vec<f64>)> = Vec::new();
+    let rqlite_cli = a
+        .rqlite
+        .clone()
+        .or_else(|| a.rqlited.as_ref().map(|d| d.with_file_name("rqlite")));
+    if run_batches {
+        eprintln!("the seed's batch workloads on plain sqlite3");
+        let mut times = Vec::new();
+        for (w, script) in workloads.iter().zip(&scripts) {
+            times.push(workloads::sqlite3(&dir, w, script)?);
+        }
+        batches.push(("sqlite3".into(), times));
+    }
+
     // Inserts: (system, nodes) -> one Load per client count.
     let mut loads: Vec<(System, u64, Vec<Load>)> = Vec::new();
     let mut failovers: Vec<(System, f64)> = Vec::new();
@@ -404,6 +429,22 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
             let mut nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
             let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
             let http = nodes[leader].http.clone();
+            if run_batches {
+                let mut times = Vec::new();
+                for (w, script) in workloads.iter().zip(&scripts) {
+                    for statement in w.setup() {
+                        execute(&http, &statement)?;
+                    }
+                    times.push(match system {
+                        System::Tablix => workloads::tablix(&http, script)?,
+                        System::Rqlite => {
+                            let cli = rqlite_cli.as_deref().context("no rqlite shell")?;
+                            workloads::rqlite(cli, &http, script)?
+                        }
+                    });
+                }
+                batches.push((format!("{} {n} node(s)", system.name()), times));
+            }
             create_table(&http)?;
             let mut per = Vec::new();
             for &c in &a.clients {
@@ -438,6 +479,25 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
 
+    if !batches.is_empty() {
+        println!(
+            "the seed's batch workloads through each shell's batch mode, one statement at a time, seconds (ratio to sqlite3)"
+        );
+        print!("{:<22}", "system");
+        for w in &workloads {
+            print!(" {:>22}", format!("{} ({})", w.name, w.statements));
+        }
+        println!();
+        let base = batches[0].1.clone();
+        for (label, times) in &batches {
+            print!("{label:<22}");
+            for (t, b) in times.iter().zip(&base) {
+                print!(" {:>22}", format!("{t:.2} ({:.2})", t / b));
+            }
+            println!();
+        }
+        println!();
+    }
     println!(
         "concurrent single-row inserts through the leader's /db/execute, {} s per run, on {}",
         a.seconds,

@@ -14,6 +14,7 @@ mod pipe;
 mod raft;
 mod speed;
 mod transport;
+mod workloads;
 
 use std::process::ExitCode;
 
