@@ -145,6 +145,7 @@ pub(crate) async fn join(
                 id: node_id(&j.id)?,
                 addr: j.addr,
                 voter: j.voter,
+                fresh: false,
             },
         ))
     })();

@@ -83,6 +83,8 @@ pub struct ClusterConfig {
     /// Entries kept in the log behind the last snapshot, for followers
     /// that lag a little (one that lags more gets the snapshot).
     pub keep_behind_snapshot: u64,
+    /// A snapshot is sent to a lagging node in chunks of this many bytes.
+    pub snapshot_chunk_bytes: u64,
     pub heartbeat_ms: u64,
     pub election_timeout_ms: (u64, u64),
 }
@@ -102,6 +104,7 @@ impl ClusterConfig {
             join_wait: Duration::from_secs(60),
             snapshot_every: 5000,
             keep_behind_snapshot: 1000,
+            snapshot_chunk_bytes: 3 << 20,
             heartbeat_ms: 50,
             election_timeout_ms: (300, 900),
         }
@@ -139,6 +142,10 @@ pub struct JoinRequest {
     pub addr: String,
     /// A voter, or a learner that only receives the log.
     pub voter: bool,
+    /// Sent by the node itself, whose log is empty: if the cluster counts
+    /// it as a member already, it lost its data and is added anew.
+    #[serde(default)]
+    pub fresh: bool,
 }
 
 /// What a read waits for before it runs on a node's own state (rqlite's
@@ -560,7 +567,43 @@ impl Shared {
         }
         let _turn = self.changing.lock().await;
         let status = self.status();
-        if let Some(m) = status.members.iter().find(|m| m.id == request.id) {
+        let mut member = status.members.iter().find(|m| m.id == request.id);
+        if let Some(m) = member
+            && m.addr == request.addr
+            && request.fresh
+        {
+            // A member whose log is empty lost its data directory. Taken
+            // back as it was, the log it acknowledged would count where it
+            // is gone (and openraft refuses a follower's log that went
+            // back): it leaves and comes in again as a new node.
+            if request.id == self.id {
+                return Err("the leader cannot re-add itself".into());
+            }
+            tracing::warn!(
+                "node {} came back with an empty log: removing it and adding it again",
+                request.id
+            );
+            let change = if m.voter {
+                ChangeMembers::RemoveVoters(BTreeSet::from([request.id]))
+            } else {
+                ChangeMembers::RemoveNodes(BTreeSet::from([request.id]))
+            };
+            self.raft
+                .change_membership(change, false)
+                .await
+                .map_err(|e| format!("removing node {} that lost its data: {e}", request.id))?;
+            if m.voter {
+                self.raft
+                    .change_membership(
+                        ChangeMembers::RemoveNodes(BTreeSet::from([request.id])),
+                        false,
+                    )
+                    .await
+                    .map_err(|e| format!("removing node {} that lost its data: {e}", request.id))?;
+            }
+            member = None;
+        }
+        if let Some(m) = member {
             if m.addr != request.addr {
                 return Err(format!(
                     "node {} is a member already, at {}: remove it before adding it at {}",
@@ -571,7 +614,7 @@ impl Shared {
                 return Ok(());
             }
         } else {
-            self.refuse_other_clusters(&request.addr).await?;
+            self.welcome(&request.addr).await?;
             self.raft
                 .add_learner(request.id, Node::new(request.addr.clone()), true)
                 .await
@@ -589,24 +632,22 @@ impl Shared {
         Ok(())
     }
 
-    /// Refuses to add the node at `addr` when it says it belongs to
-    /// another cluster (it would refuse this one's entries forever). One
-    /// that does not answer yet is added: it will take this cluster's id.
-    async fn refuse_other_clusters(&self, addr: &str) -> Result<(), String> {
-        let theirs = match self.transport.status(addr, Duration::from_secs(2)).await {
-            Ok(status) => status.cluster_id,
-            Err(TransportError::Refused { message, .. }) => {
-                return Err(format!(
-                    "the node at {addr} refuses this cluster: {message}"
-                ));
-            }
-            Err(_) => None,
-        };
-        match (self.identity.get(), theirs) {
-            (Some(ours), Some(theirs)) if !ours.eq_ignore_ascii_case(&theirs) => Err(format!(
-                "the node at {addr} belongs to another cluster ({theirs}; this one is {ours}): start it with a new data directory to add it"
+    /// Gives the node at `addr`, about to be added, this cluster's id.
+    /// It refuses when it belongs to another cluster; it must be running
+    /// (a node without the id takes no entry).
+    async fn welcome(&self, addr: &str) -> Result<(), String> {
+        let answer: Result<Result<(), String>, TransportError> = self
+            .transport
+            .call(addr, path::WELCOME, &(), Duration::from_secs(5))
+            .await;
+        match answer {
+            Ok(r) => r,
+            Err(TransportError::Refused { message, .. }) => Err(format!(
+                "the node at {addr} cannot join this cluster: {message}"
             )),
-            _ => Ok(()),
+            Err(e) => Err(format!(
+                "{e}: start the node before adding it (it takes the cluster's id from the leader)"
+            )),
         }
     }
 
@@ -993,6 +1034,7 @@ impl ClusterNode {
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
             max_in_snapshot_log_to_keep: config.keep_behind_snapshot,
             max_payload_entries: 16,
+            snapshot_max_chunk_size: config.snapshot_chunk_bytes.max(1),
             ..Config::default()
         }
         .validate()
@@ -1127,6 +1169,8 @@ impl ClusterNode {
             id: self.shared.id,
             addr: advertise.to_string(),
             voter: true,
+            // Only a node whose log is empty asks to join.
+            fresh: true,
         };
         let deadline = Instant::now() + wait;
         loop {
@@ -1205,6 +1249,7 @@ impl ClusterNode {
                 id,
                 addr: addr.to_string(),
                 voter,
+                fresh: false,
             })
             .await
             .map_err(ClusterError::Membership)

@@ -37,6 +37,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(path::REMOVE, post(remove))
         .route(path::TRANSFER, post(transfer))
         .route(path::HOLD, post(hold))
+        .route(path::WELCOME, post(welcome))
         .route(path::STATUS, get(status))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(
@@ -48,8 +49,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 
 /// Lets through only requests of this node's cluster. Another node always
 /// names its cluster; tools (`tablix cluster`) may name none, for the
-/// status, membership and leadership requests they send. A node that has no id yet
-/// takes the first one it is sent.
+/// status, membership and leadership requests they send. A node that has
+/// no id yet takes one only from a leader adding it (`welcome`), or, when
+/// its log holds entries (a data directory from before ids), from any
+/// node: a member whose data directory was wiped takes nothing, so its
+/// empty log never counts for entries it once held, and it votes in
+/// nothing until it is added again.
 async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next) -> Response {
     let theirs = request
         .headers()
@@ -66,6 +71,21 @@ async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next
             "a node-to-node request must name its cluster (an older tablix, or not a tablix node)",
         )
             .into_response(),
+        Some(theirs)
+            if s.identity.get().is_none()
+                && request.uri().path() != path::WELCOME
+                && s.raft.metrics().borrow().last_log_index.is_none() =>
+        {
+            tracing::warn!(
+                "refused a request for {} from cluster {theirs}: this node belongs to no cluster yet",
+                request.uri().path()
+            );
+            (
+                StatusCode::CONFLICT,
+                "this node belongs to no cluster yet: a node comes in with --join or `tablix cluster add`; a member whose data directory was lost must be added again the same way",
+            )
+                .into_response()
+        }
         Some(theirs) => match s.identity.adopt(&theirs) {
             Ok(()) => next.run(request).await,
             Err(e @ (IdentityError::Other { .. } | IdentityError::Malformed(_))) => {
@@ -139,6 +159,12 @@ async fn propose(State(s): State<Arc<Shared>>, body: Bytes) -> Response {
         Ok(command) => encode(&s.proposer.propose_at(command).await),
         Err(m) => bad_request(m),
     }
+}
+
+/// A leader adding this node: the cluster's id was taken (or checked)
+/// on the way in.
+async fn welcome() -> Response {
+    encode(&Ok::<(), String>(()))
 }
 
 async fn transfer(State(s): State<Arc<Shared>>, body: Bytes) -> Response {

@@ -44,6 +44,7 @@ pub(crate) mod path {
     pub const REMOVE: &str = "/raft/remove";
     pub const TRANSFER: &str = "/raft/transfer-leader";
     pub const HOLD: &str = "/raft/hold-elections";
+    pub const WELCOME: &str = "/raft/welcome";
     pub const STATUS: &str = "/raft/status";
 }
 

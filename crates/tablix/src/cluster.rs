@@ -53,6 +53,7 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
                         id,
                         addr,
                         voter: true,
+                        fresh: false,
                     },
                     wait,
                 )
@@ -66,6 +67,7 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
                         id,
                         addr,
                         voter: false,
+                        fresh: false,
                     },
                     wait,
                 )

@@ -158,3 +158,180 @@ fn a_lossy_duplicating_reordering_network_loses_and_doubles_no_acknowledged_writ
         }
     });
 }
+
+/// Starts node `id` with snapshots every `every` entries, sent in chunks
+/// of `chunk` bytes.
+async fn start_small(
+    id: u64,
+    dir: &std::path::Path,
+    how: Start,
+    every: u64,
+    chunk: u64,
+    addr: Option<std::net::SocketAddr>,
+) -> (ClusterNode, Arc<Store>) {
+    let mut config = tablix_store::StoreConfig::new(dir.join("data"));
+    config.log_keeper = tablix_store::LogKeeper::Replication;
+    let store = Arc::new(Store::open(config).unwrap());
+    let listen = addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+    let mut cluster = tablix_raft::ClusterConfig::new(id, listen, dir);
+    cluster.start = how;
+    cluster.snapshot_every = every;
+    cluster.keep_behind_snapshot = 0;
+    cluster.snapshot_chunk_bytes = chunk;
+    let node = ClusterNode::start(cluster, Arc::clone(&store))
+        .await
+        .unwrap();
+    (node, store)
+}
+
+/// Rows of `t` (none while the node has not the table yet).
+fn count(store: &Store) -> i64 {
+    let answer = store
+        .query(
+            &tablix_store::Principal::root(),
+            &[tablix_store::Statement::new("SELECT count(*) FROM t")],
+        )
+        .unwrap();
+    match &answer[0].result {
+        tablix_store::StatementResult::Rows(r) => match r.values[0][0] {
+            Value::Integer(n) => n,
+            ref other => panic!("{other:?}"),
+        },
+        _ => 0,
+    }
+}
+
+async fn insert(node: &ClusterNode, n: i64) {
+    node.propose(Stamped::new(
+        Stamp {
+            unix_nanos: 1_700_000_000_000_000_000 + n,
+            seed: 0x5_0000 + n as u64,
+        },
+        sql(&[&format!("INSERT INTO t VALUES ({n}, zeroblob(2000))")]),
+    ))
+    .await
+    .unwrap();
+}
+
+#[test]
+fn a_snapshot_whose_chunks_are_lost_on_the_way_is_sent_again_until_installed() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let (a, a_store) = start_small(1, dirs[0].path(), Start::Bootstrap, 10, 4096, None).await;
+        eventually("node 1 to lead", || a.status().leader == Some(1)).await;
+        a.propose(Stamped::new(Stamp::now(), sql(&["CREATE TABLE t(k, pad)"])))
+            .await
+            .unwrap();
+        for n in 1..=60 {
+            insert(&a, n).await;
+        }
+        eventually("a snapshot and a purged log", || {
+            a.status().snapshot_index.is_some_and(|i| i >= 50)
+        })
+        .await;
+        // The snapshot (over 120 KB) goes in 4 KiB chunks, a fifth of
+        // them or their answers lost.
+        a.transport().inject(Faults {
+            drop_request: 0.1,
+            drop_answer: 0.1,
+            duplicate: 0.05,
+            max_delay: Duration::from_millis(5),
+            seed: 0x5A95,
+        });
+        let (b, b_store) = start_small(
+            2,
+            dirs[1].path(),
+            Start::Join(a.addr().to_string()),
+            5000,
+            4096,
+            None,
+        )
+        .await;
+        eventually("node 2 holds every row", || count(&b_store) == 60).await;
+        assert!(b.status().snapshot_index.is_some(), "{:?}", b.status());
+        a.transport().heal();
+        insert(&a, 61).await;
+        eventually("node 2 goes on from the snapshot", || count(&b_store) == 61).await;
+        stop(b, b_store).await;
+        stop(a, a_store).await;
+    });
+}
+
+#[test]
+fn a_node_restarted_with_its_data_directory_wiped_is_brought_back_by_the_cluster() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let mut nodes =
+            vec![start_small(1, dirs[0].path(), Start::Bootstrap, 20, 1 << 20, None).await];
+        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let seed = nodes[0].0.addr().to_string();
+        for id in 2..=3u64 {
+            nodes.push(
+                start_small(
+                    id,
+                    dirs[id as usize - 1].path(),
+                    Start::Join(seed.clone()),
+                    20,
+                    1 << 20,
+                    None,
+                )
+                .await,
+            );
+        }
+        nodes[0]
+            .0
+            .propose(Stamped::new(Stamp::now(), sql(&["CREATE TABLE t(k, pad)"])))
+            .await
+            .unwrap();
+        for n in 1..=30 {
+            insert(&nodes[0].0, n).await;
+        }
+        eventually("node 3 has every row", || count(&nodes[2].1) == 30).await;
+        let (node3, store3) = nodes.pop().unwrap();
+        let addr3 = node3.addr();
+        stop(node3, store3).await;
+        // Its disk is replaced: nothing of it is left.
+        std::fs::remove_dir_all(dirs[2].path()).unwrap();
+        std::fs::create_dir_all(dirs[2].path()).unwrap();
+        for n in 31..=50 {
+            insert(&nodes[0].0, n).await;
+        }
+        // Started again at its address as if nothing happened, it takes
+        // nothing from the leader (its empty log must not count for
+        // entries it acknowledged before) and the cluster goes on.
+        let lost = start_small(3, dirs[2].path(), Start::Resume, 20, 1 << 20, Some(addr3)).await;
+        insert(&nodes[0].0, 51).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(count(&lost.1), 0);
+        assert_eq!(lost.0.status().cluster_id, None);
+        stop(lost.0, lost.1).await;
+        // Started with --join, it is removed and added anew: a snapshot,
+        // then the log, and it is a voter again.
+        let back = start_small(
+            3,
+            dirs[2].path(),
+            Start::Join(seed.clone()),
+            20,
+            1 << 20,
+            Some(addr3),
+        )
+        .await;
+        eventually("the wiped node caught up", || count(&back.1) == 51).await;
+        assert_eq!(back.0.status().cluster_id, nodes[0].0.status().cluster_id);
+        insert(&nodes[0].0, 52).await;
+        eventually("and goes on", || count(&back.1) == 52).await;
+        for (n, _) in &nodes {
+            eventually("three voters again", || {
+                let s = n.status();
+                s.members.iter().filter(|m| m.voter).count() == 3
+            })
+            .await;
+        }
+        let leader_rows = count(&nodes[0].1);
+        assert_eq!(leader_rows, 52, "an acknowledged write is missing");
+        stop(back.0, back.1).await;
+        for (n, s) in nodes {
+            stop(n, s).await;
+        }
+    });
+}
