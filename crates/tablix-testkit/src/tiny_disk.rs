@@ -24,6 +24,16 @@ impl TinyDisk {
         TinyDisk { dir }
     }
 
+    /// Gives the tmpfs a new size (a disk that was full gets room).
+    pub fn resize(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(self.dir.path())
+            .status()
+            .expect("running mount");
+        assert!(status.success(), "resizing the tmpfs to {size} failed");
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }

@@ -335,3 +335,95 @@ fn a_node_restarted_with_its_data_directory_wiped_is_brought_back_by_the_cluster
         }
     });
 }
+
+#[test]
+#[ignore = "needs root to mount a tmpfs: make test runs it as root"]
+fn a_follower_whose_disk_fills_stops_says_so_and_catches_up_once_it_has_room() {
+    const TEST: &str = "a_follower_whose_disk_fills_stops_says_so_and_catches_up_once_it_has_room";
+    let disk = tablix_testkit::TinyDisk::mount(TEST, "6m");
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    const ROWS: i64 = 150;
+    runtime().block_on(async {
+        let mut nodes =
+            vec![start_small(1, dirs[0].path(), Start::Bootstrap, 5000, 1 << 20, None).await];
+        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let seed = nodes[0].0.addr().to_string();
+        nodes.push(
+            start_small(
+                2,
+                dirs[1].path(),
+                Start::Join(seed.clone()),
+                5000,
+                1 << 20,
+                None,
+            )
+            .await,
+        );
+        let (small, small_store) = start_small(
+            3,
+            disk.path(),
+            Start::Join(seed.clone()),
+            5000,
+            1 << 20,
+            None,
+        )
+        .await;
+        let small_addr = small.addr();
+        nodes[0]
+            .0
+            .propose(Stamped::new(Stamp::now(), sql(&["CREATE TABLE t(k, pad)"])))
+            .await
+            .unwrap();
+        // 150 rows of 64 KiB: over 9 MB, more than node 3's disk holds.
+        // The other two are a majority: every write is acknowledged.
+        for n in 1..=ROWS {
+            nodes[0]
+                .0
+                .propose(Stamped::new(
+                    Stamp {
+                        unix_nanos: 1_700_000_000_000_000_000 + n,
+                        seed: 0xD15C_0000 + n as u64,
+                    },
+                    sql(&[&format!("INSERT INTO t VALUES ({n}, randomblob(65536))")]),
+                ))
+                .await
+                .unwrap();
+        }
+        // Node 3 stopped applying and says so, holding a prefix of what
+        // the others hold: never anything else.
+        eventually("node 3 to stop", || {
+            small.raft().metrics().borrow().running_state.is_err()
+        })
+        .await;
+        let held = count(&small_store);
+        eprintln!("node 3 stopped at row {held} of {ROWS}");
+        assert!(held < ROWS, "node 3 held every row on a full disk");
+        let prefix = |s: &Store, upto: i64| {
+            rows(
+                s,
+                &format!("SELECT k, hex(pad) FROM t WHERE k <= {upto} ORDER BY rowid"),
+            )
+        };
+        assert_eq!(prefix(&small_store, held), prefix(&nodes[0].1, held));
+        let _ = small.shutdown().await;
+        let _ = small_store.close();
+        drop(small_store);
+        // Given room, it comes back and catches up.
+        disk.resize("64m");
+        let (back, back_store) = start_small(
+            3,
+            disk.path(),
+            Start::Resume,
+            5000,
+            1 << 20,
+            Some(small_addr),
+        )
+        .await;
+        eventually("node 3 caught up", || count(&back_store) == ROWS).await;
+        assert_eq!(prefix(&back_store, ROWS), prefix(&nodes[0].1, ROWS));
+        stop(back, back_store).await;
+        for (n, s) in nodes {
+            stop(n, s).await;
+        }
+    });
+}
