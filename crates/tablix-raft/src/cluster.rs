@@ -188,6 +188,10 @@ pub struct ClusterStatus {
     /// bootstrapped or joined one).
     #[serde(default)]
     pub cluster_id: Option<String>,
+    /// Why this node's raft stopped (a storage failure: a full disk, an
+    /// I/O error); it takes no entry until restarted.
+    #[serde(default)]
+    pub stopped: Option<String>,
     /// This node's SQL API, once it serves one.
     #[serde(default)]
     pub api_addr: Option<String>,
@@ -303,6 +307,7 @@ impl Shared {
             snapshot_index: m.snapshot.map(|l| l.index),
             members,
             cluster_id: self.identity.get(),
+            stopped: m.running_state.as_ref().err().map(|e| e.to_string()),
             api_addr: self.api_addr.read().ok().and_then(|a| a.clone()),
         }
     }

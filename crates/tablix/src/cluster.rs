@@ -113,6 +113,11 @@ fn show(s: &ClusterStatus) -> String {
     if let Some(id) = &s.cluster_id {
         out.push_str(&format!("cluster {id}\n"));
     }
+    if let Some(why) = &s.stopped {
+        out.push_str(&format!(
+            "STOPPED: {why}; this node applies nothing until it is restarted\n"
+        ));
+    }
     out.push_str(&format!("{:>6}  {:<8} {}\n", "id", "role", "raft address"));
     for m in &s.members {
         let role = if Some(m.id) == s.leader {
@@ -149,6 +154,7 @@ mod tests {
             applied_index: Some(8),
             snapshot_index: None,
             cluster_id: Some("0123456789abcdef0123456789abcdef".into()),
+            stopped: None,
             members: vec![
                 Member {
                     id: 1,

@@ -395,6 +395,9 @@ fn a_follower_whose_disk_fills_stops_says_so_and_catches_up_once_it_has_room() {
             small.raft().metrics().borrow().running_state.is_err()
         })
         .await;
+        let stopped = small.status().stopped.unwrap_or_default();
+        assert!(!stopped.is_empty(), "node 3 does not say it stopped");
+        eprintln!("node 3 says: {stopped}");
         let held = count(&small_store);
         eprintln!("node 3 stopped at row {held} of {ROWS}");
         assert!(held < ROWS, "node 3 held every row on a full disk");
