@@ -3,6 +3,7 @@
 //! an API user's credentials or, on loopback, again as its Unix user).
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine;
@@ -42,8 +43,29 @@ enum Transport {
         path: PathBuf,
         runtime: tokio::runtime::Runtime,
     },
-    /// HTTP or HTTPS over TCP; `base` is scheme://host:port.
-    Tcp { base: String, agent: ureq::Agent },
+    /// HTTP or HTTPS over TCP; `base` is scheme://host:port. `others` are
+    /// the other nodes of its cluster (their API URLs), tried in turn
+    /// when `base` cannot be reached.
+    Tcp {
+        base: Mutex<String>,
+        others: Mutex<Vec<String>>,
+        agent: ureq::Agent,
+    },
+}
+
+/// Whether a request failed before anything reached the daemon, so that
+/// sending it elsewhere cannot apply a write twice.
+fn never_sent(e: &ureq::Error) -> bool {
+    match e {
+        ureq::Error::ConnectionFailed | ureq::Error::HostNotFound => true,
+        ureq::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::NotConnected
+                | std::io::ErrorKind::AddrNotAvailable
+        ),
+        _ => false,
+    }
 }
 
 pub struct Client {
@@ -122,7 +144,8 @@ impl Client {
         }
         Ok(Client {
             transport: Transport::Tcp {
-                base: format!("{scheme}://{host_port}"),
+                base: Mutex::new(format!("{scheme}://{host_port}")),
+                others: Mutex::new(Vec::new()),
                 agent: config.build().into(),
             },
             authorization: None,
@@ -141,7 +164,34 @@ impl Client {
     pub fn addr(&self) -> String {
         match &self.transport {
             Transport::Unix { path, .. } => path.display().to_string(),
-            Transport::Tcp { base, .. } => base.clone(),
+            Transport::Tcp { base, .. } => base.lock().map(|b| b.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Learns the other nodes of the daemon's cluster (rqlite's `/nodes`),
+    /// to go on with one of them if this one cannot be reached. A daemon
+    /// that is not a cluster node has none.
+    pub fn learn_cluster(&self) {
+        let Transport::Tcp { base, others, .. } = &self.transport else {
+            return;
+        };
+        let Ok(seen) = self.get_json("/nodes?ver=2") else {
+            return;
+        };
+        let current = base.lock().map(|b| b.clone()).unwrap_or_default();
+        let found: Vec<String> = seen["nodes"]
+            .as_array()
+            .map(|nodes| {
+                nodes
+                    .iter()
+                    .filter_map(|n| n["api_addr"].as_str())
+                    .filter(|a| !a.is_empty() && *a != current)
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Ok(mut o) = others.lock() {
+            *o = found;
         }
     }
 
@@ -160,25 +210,55 @@ impl Client {
         body: Option<String>,
     ) -> Result<(u16, String), ClientError> {
         match &self.transport {
-            Transport::Tcp { base, agent } => {
-                let url = format!("{base}{path}");
-                let mut response = match body {
-                    Some(b) => {
-                        let mut req = agent.post(&url).header("Content-Type", "application/json");
-                        if let Some(a) = &self.authorization {
-                            req = req.header("Authorization", a);
+            Transport::Tcp {
+                base,
+                others,
+                agent,
+            } => {
+                let send_to = |at: &str| {
+                    let url = format!("{at}{path}");
+                    match &body {
+                        Some(b) => {
+                            let mut req =
+                                agent.post(&url).header("Content-Type", "application/json");
+                            if let Some(a) = &self.authorization {
+                                req = req.header("Authorization", a);
+                            }
+                            req.send(b.as_str())
                         }
-                        req.send(b)
-                    }
-                    None => {
-                        let mut req = agent.get(&url);
-                        if let Some(a) = &self.authorization {
-                            req = req.header("Authorization", a);
+                        None => {
+                            let mut req = agent.get(&url);
+                            if let Some(a) = &self.authorization {
+                                req = req.header("Authorization", a);
+                            }
+                            req.call()
                         }
-                        req.call()
                     }
-                }
-                .map_err(|e| self.unreachable(e))?;
+                };
+                let at = self.addr();
+                let mut response = match send_to(&at) {
+                    Ok(r) => r,
+                    Err(e) if never_sent(&e) => {
+                        // The node is gone: another node of its cluster
+                        // takes the request (it reached nobody).
+                        let candidates = others.lock().map(|o| o.clone()).unwrap_or_default();
+                        let mut found = None;
+                        for other in candidates {
+                            if let Ok(r) = send_to(&other) {
+                                eprintln!("({at} cannot be reached; going on with {other})");
+                                if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
+                                    o.retain(|x| *x != other);
+                                    o.push(at.clone());
+                                    *b = other;
+                                }
+                                found = Some(r);
+                                break;
+                            }
+                        }
+                        found.ok_or_else(|| self.unreachable(e))?
+                    }
+                    Err(e) => return Err(self.unreachable(e)),
+                };
                 let status = response.status().as_u16();
                 let text = response
                     .body_mut()

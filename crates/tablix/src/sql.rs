@@ -25,6 +25,8 @@ pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
             other => other.into(),
         });
     }
+    // On a cluster, the other nodes take over if this one goes away.
+    client.learn_cluster();
     let mut shell = Shell::new(client, std::io::stdout().lock());
     shell.set_mode(mode);
     shell.set_headers(args.headers);

@@ -226,7 +226,19 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     assert!(text.contains("node 1 (api http://"), "{text}");
 
     // The leader dies; a write through another mount goes on.
+    // A shell talking to the leader goes on with another node.
     let dead = leader(&nodes[1].raft).unwrap();
+    let dead_api = daemons[dead as usize - 1].as_ref().unwrap().addr.clone();
+    let mut shell = std::process::Command::new(BIN)
+        .args(["sql", "--addr", &dead_api])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // It learns the cluster's nodes when it starts (its input, read
+    // whole, runs after the leader is gone).
+    std::thread::sleep(Duration::from_secs(2));
     let survivor = nodes.iter().find(|n| n.id != dead).unwrap();
     if let Some(mut d) = daemons[dead as usize - 1].take() {
         d.signal(nix::sys::signal::Signal::SIGKILL);
@@ -238,6 +250,22 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         "first write after killing the leader: {:?}",
         killed.elapsed()
     );
+    {
+        use std::io::Write as _;
+        let mut to_shell = shell.stdin.take().unwrap();
+        writeln!(
+            to_shell,
+            "CREATE TABLE s(x);\nINSERT INTO s VALUES (1), (2);\nSELECT 'rows:' || count(*) FROM s;"
+        )
+        .unwrap();
+    }
+    let out = shell.wait_with_output().unwrap();
+    let (said, told) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(said.contains("rows:2"), "{said}\n{told}");
+    assert!(told.contains("going on with"), "{told}");
     // It comes back (clearing its stale mount) and catches up.
     let back = &nodes[dead as usize - 1];
     daemons[dead as usize - 1] = Some(back.start(&[]));
