@@ -239,6 +239,44 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     // It learns the cluster's nodes when it starts (its input, read
     // whole, runs after the leader is gone).
     std::thread::sleep(Duration::from_secs(2));
+    // Writers through the other two nodes keep inserting while the leader
+    // dies under them; what they were told is applied must survive.
+    d3.post("/db/execute", r#"["CREATE TABLE w(x INTEGER)"]"#);
+    let stop_writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.id != dead)
+        .map(|n| {
+            let api = daemons[n.id as usize - 1].as_ref().unwrap().addr.clone();
+            let stop = std::sync::Arc::clone(&stop_writing);
+            let base = n.id as i64 * 1_000_000;
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(Duration::from_secs(15)))
+                    .build()
+                    .into();
+                let mut acknowledged = Vec::new();
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let body = format!(r#"[["INSERT INTO w VALUES (?)", {}]]"#, base + i);
+                    let answer = agent
+                        .post(format!("http://{api}/db/execute"))
+                        .header("Content-Type", "application/json")
+                        .send(body)
+                        .ok()
+                        .and_then(|mut r| r.body_mut().read_to_string().ok())
+                        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+                    if answer.is_some_and(|a| a["results"][0]["rows_affected"] == 1) {
+                        acknowledged.push(base + i);
+                    }
+                }
+                acknowledged
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
     let survivor = nodes.iter().find(|n| n.id != dead).unwrap();
     if let Some(mut d) = daemons[dead as usize - 1].take() {
         d.signal(nix::sys::signal::Signal::SIGKILL);
@@ -273,6 +311,36 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         read(&back.mnt.join("after")).as_deref() == Some(&b"written after the leader died"[..])
     });
 
+    // Every insert a writer was told is applied is on every node.
+    std::thread::sleep(Duration::from_millis(500));
+    stop_writing.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acknowledged: Vec<i64> = writers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    acknowledged.sort();
+    assert!(
+        acknowledged.len() > 10,
+        "{} inserts acknowledged",
+        acknowledged.len()
+    );
+    let expected = acknowledged.len();
+    for d in daemons.iter().flatten() {
+        eventually("every acknowledged insert on every node", || {
+            let held: Vec<i64> = rows(d, "SELECT x FROM w ORDER BY x")
+                .into_iter()
+                .filter_map(|r| r[0].as_i64())
+                .collect();
+            acknowledged.iter().all(|x| held.binary_search(x).is_ok())
+        });
+        let dup = rows(d, "SELECT count(*) - count(DISTINCT x) FROM w");
+        assert_eq!(
+            dup,
+            vec![vec![serde_json::json!(0)]],
+            "an insert applied twice"
+        );
+    }
+    eprintln!("{expected} inserts acknowledged across the leader's death, none lost");
     for d in daemons.into_iter().flatten() {
         d.stop();
     }
