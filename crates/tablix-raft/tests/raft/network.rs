@@ -468,3 +468,80 @@ fn five_nodes_hand_leadership_to_the_node_asked_and_go_on_taking_writes() {
         }
     });
 }
+
+#[test]
+fn a_learner_is_promoted_and_the_whole_cluster_restarts_with_its_state() {
+    let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let mut nodes = vec![start(1, dirs[0].path(), Start::Bootstrap, 20).await];
+        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let seed = nodes[0].0.addr().to_string();
+        for id in 2..=3u64 {
+            nodes.push(
+                start(
+                    id,
+                    dirs[id as usize - 1].path(),
+                    Start::Join(seed.clone()),
+                    20,
+                )
+                .await,
+            );
+        }
+        // Node 4 comes in as a learner: it gets the log, votes in nothing.
+        nodes.push(start(4, dirs[3].path(), Start::Resume, 20).await);
+        let learner_addr = nodes[3].0.addr().to_string();
+        nodes[1].0.add(4, &learner_addr, false).await.unwrap();
+        nodes[0]
+            .0
+            .propose(stamped(1, sql(&["CREATE TABLE t(x)"])))
+            .await
+            .unwrap();
+        for n in 1..=30 {
+            nodes[(n % 4) as usize]
+                .0
+                .propose(stamped(
+                    10 + n,
+                    sql(&[&format!("INSERT INTO t VALUES ({n})")]),
+                ))
+                .await
+                .unwrap();
+        }
+        let voters = |n: &ClusterNode| n.status().members.iter().filter(|m| m.voter).count();
+        assert_eq!(voters(&nodes[0].0), 3);
+        eventually("the learner has every row", || count(&nodes[3].1) == 30).await;
+        // Promoted: the same request as a voter.
+        nodes[2].0.add(4, &learner_addr, true).await.unwrap();
+        for (n, _) in &nodes {
+            eventually("four voters everywhere", || voters(n) == 4).await;
+        }
+        // Every node stops; every node starts again from its own data.
+        let addrs: Vec<SocketAddr> = nodes.iter().map(|(n, _)| n.addr()).collect();
+        for (node, store) in nodes.drain(..) {
+            stop(node, store).await;
+        }
+        for (i, addr) in addrs.iter().enumerate() {
+            nodes.push(restart(i as u64 + 1, dirs[i].path(), *addr).await);
+        }
+        for (n, store) in &nodes {
+            eventually("a leader and four voters after the restart", || {
+                n.status().leader.is_some() && voters(n) == 4
+            })
+            .await;
+            assert_eq!(count(store), 30);
+        }
+        nodes[3]
+            .0
+            .propose(stamped(100, sql(&["INSERT INTO t VALUES (31)"])))
+            .await
+            .unwrap();
+        for (_, store) in &nodes {
+            eventually("the write after the restart everywhere", || {
+                count(store) == 31
+            })
+            .await;
+        }
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
+    });
+}
