@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{FromRequestParts, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -274,7 +274,9 @@ fn fresh_enough(cluster: &ClusterHandle, bound: Duration, strict: bool) -> Resul
 /// rqlite's `redirect`: on a node that does not lead, a write (or a read
 /// at a level other than `none`) with `redirect` set is answered 301 to
 /// the same path and query on the leader's API, instead of being
-/// forwarded. A leader whose API is not known gets 503.
+/// forwarded. A leader whose API is not known gets 503. Only a caller
+/// the request's own checks would let through is told where the leader
+/// is; any other gets the handler's refusal.
 pub(crate) async fn redirect(
     State(app): State<Arc<App>>,
     request: axum::extract::Request,
@@ -283,6 +285,16 @@ pub(crate) async fn redirect(
     let Some(cluster) = &app.config.cluster else {
         return next.run(request).await;
     };
+    let (mut parts, body) = request.into_parts();
+    let allowed = match Who::from_request_parts(&mut parts, &app).await {
+        Ok(Who(caller, _)) if parts.uri.path() == "/db/execute" => caller.perms.execute,
+        Ok(Who(caller, _)) => caller.perms.query || caller.perms.execute,
+        Err(_) => false,
+    };
+    let request = axum::extract::Request::from_parts(parts, body);
+    if !allowed {
+        return next.run(request).await;
+    }
     let query = request.uri().query().unwrap_or("");
     let pairs: Vec<(String, String)> = Query::try_from_uri(request.uri())
         .map(|Query(p)| p)

@@ -704,7 +704,13 @@ impl Shared {
             Some((_, addr)) => {
                 return self
                     .transport
-                    .call::<_, Result<(), String>>(&addr, path::TRANSFER, &target, TRANSFER_WAIT)
+                    // The leader's wait, its holds released, and some.
+                    .call::<_, Result<(), String>>(
+                        &addr,
+                        path::TRANSFER,
+                        &target,
+                        TRANSFER_WAIT * 3,
+                    )
                     .await
                     .map_err(|e| e.to_string())?;
             }
