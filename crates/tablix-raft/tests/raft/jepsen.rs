@@ -321,10 +321,34 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
                 }
             })
         };
+        // A monitor: which node leads in which term, as each node says of
+        // itself. Raft allows one leader a term, whatever the faults.
+        let leaders = {
+            let nodes = Arc::clone(&nodes);
+            tokio::spawn(async move {
+                let mut seen: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>> =
+                    Default::default();
+                while Instant::now() < deadline {
+                    for (n, _) in nodes.iter() {
+                        let m = n.raft().metrics().borrow().clone();
+                        if m.state == openraft::ServerState::Leader {
+                            seen.entry(m.current_term).or_default().insert(m.id);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                seen
+            })
+        };
         for t in tasks {
             t.await.unwrap();
         }
         nemesis.await.unwrap();
+        let leaders = leaders.await.unwrap();
+        eprintln!("jepsen: leaders by term {leaders:?}");
+        for (term, who) in &leaders {
+            assert_eq!(who.len(), 1, "term {term} had leaders {who:?} (seed {seed:#x})");
+        }
         for (n, _) in nodes.iter() {
             n.transport().heal();
         }

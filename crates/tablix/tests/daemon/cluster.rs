@@ -116,6 +116,33 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
             read(&n.mnt.join("f")).as_ref() == Some(&body)
         });
     }
+    // Its metadata too: mode, owner, size, links, times, through the
+    // leader's mount and the followers'.
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        std::fs::set_permissions(
+            nodes[0].mnt.join("f"),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
+        let meta = |n: &Node| {
+            let m = std::fs::metadata(n.mnt.join("f")).unwrap();
+            (
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                m.size(),
+                m.nlink(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime_nsec(),
+            )
+        };
+        eventually("the same metadata on every mount", || {
+            let first = meta(&nodes[0]);
+            first.0 & 0o777 == 0o640 && nodes.iter().all(|n| meta(n) == first)
+        });
+    }
     // Changed through another mount after every kernel cached it: each
     // kernel is told, and shows the new content and size.
     std::fs::write(nodes[2].mnt.join("f"), b"shorter now").unwrap();
