@@ -226,6 +226,9 @@ pub(crate) struct Shared {
     pub(crate) proposer: Proposer,
     pub(crate) transport: Transport,
     pub(crate) identity: ClusterIdentity,
+    /// What this node's state machine answered the Commands it applied
+    /// lately: the reply a proposal sent again is given.
+    pub(crate) replies: crate::RecentReplies,
     pub(crate) leader_wait: Duration,
     /// Held by the leader through a membership change: openraft refuses a
     /// change while another is in progress, and nodes join concurrently.
@@ -374,6 +377,7 @@ impl Shared {
         command: Stamped<ReplicatedCommand>,
     ) -> Result<CommandReply, StoreError> {
         let deadline = Instant::now() + self.leader_wait;
+        let seed = command.stamp.seed;
         let mut last = String::from("no leader is known");
         loop {
             match self.leader() {
@@ -390,7 +394,7 @@ impl Shared {
                     )
                     .await;
                     match proposed {
-                        Ok(Ok(c)) => return Ok(c.reply),
+                        Ok(Ok(c)) => return Ok(self.replies.resolve(seed, c.reply)),
                         Ok(Err(e @ ProposeError::NotLeader { .. })) => last = e.to_string(),
                         Ok(Err(e)) => return Err(StoreError::Replication(e.to_string())),
                         Err(_) => {
@@ -418,7 +422,7 @@ impl Shared {
                                         self.leader_wait
                                     ))
                                 })?;
-                            return Ok(c.reply);
+                            return Ok(self.replies.resolve(seed, c.reply));
                         }
                         Ok(Err(e @ ProposeError::NotLeader { .. })) => last = e.to_string(),
                         Err(e @ TransportError::Unreachable { .. }) => last = e.to_string(),
@@ -1037,6 +1041,7 @@ impl ClusterNode {
         let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
         let (log, _) = Log::open(&config.log_dir, LogConfig::default())?;
         let sm = StateMachine::new(Arc::clone(&store), &config.snapshot_dir)?;
+        let replies = sm.replies();
         let raft_config = Config {
             cluster_name: "tablix".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -1067,6 +1072,7 @@ impl ClusterNode {
             raft,
             transport,
             identity,
+            replies,
             leader_wait: config.leader_wait,
             changing: tokio::sync::Mutex::new(()),
             api_addr: std::sync::RwLock::new(None),

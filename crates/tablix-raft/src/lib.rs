@@ -18,6 +18,7 @@ mod cluster;
 pub mod cluster_id;
 mod log_store;
 mod proposer;
+mod replies;
 mod service;
 mod single;
 mod state_machine;
@@ -31,6 +32,7 @@ pub use cluster::{
 };
 pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};
+pub use replies::RecentReplies;
 pub use single::{SingleNode, SingleNodeError};
 pub use state_machine::StateMachine;
 pub use tls::{NodeTls, TlsError, TlsFiles};

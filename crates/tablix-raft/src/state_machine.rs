@@ -30,6 +30,7 @@ use openraft::{
 use tablix_store::{EntryReply, LogEntry, Store, StoreError};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
+use crate::replies::RecentReplies;
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::{from_log, to_log};
 
@@ -44,6 +45,8 @@ pub struct StateMachine {
     dir: PathBuf,
     /// Tells apart snapshots built in one process at the same entry.
     built: Arc<AtomicU64>,
+    /// The replies of the Commands applied lately (shared by clones).
+    replies: RecentReplies,
 }
 
 type Membership = StoredMembership<NodeId, Node>;
@@ -79,7 +82,13 @@ impl StateMachine {
             store,
             dir,
             built: Arc::new(AtomicU64::new(0)),
+            replies: RecentReplies::default(),
         })
+    }
+
+    /// The replies of the Commands this state machine applied lately.
+    pub fn replies(&self) -> RecentReplies {
+        self.replies.clone()
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -216,8 +225,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let mut out = Vec::new();
+        // The seeds of each entry's Commands, to keep their replies by.
+        let mut seeds: Vec<Vec<u64>> = Vec::new();
         for entry in entries {
             let id = *entry.get_log_id();
+            seeds.push(match &entry.payload {
+                EntryPayload::Normal(batch) => batch.iter().map(|c| c.stamp.seed).collect(),
+                _ => Vec::new(),
+            });
             let payload = match entry.payload {
                 EntryPayload::Blank => tablix_store::EntryPayload::Blank,
                 EntryPayload::Normal(batch) => tablix_store::EntryPayload::Commands(batch),
@@ -236,10 +251,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if out.is_empty() {
             return Ok(Vec::new());
         }
-        self.store
+        let replies = self
+            .store
             .apply_entries(out)
             .await
-            .map_err(|e| sm_error(ErrorVerb::Write, e))
+            .map_err(|e| sm_error(ErrorVerb::Write, e))?;
+        for (reply, seeds) in replies.iter().zip(&seeds) {
+            if let EntryReply::Commands(each) = reply {
+                for (r, seed) in each.iter().zip(seeds) {
+                    self.replies.record(*seed, r);
+                }
+            }
+        }
+        Ok(replies)
     }
 
     async fn get_snapshot_builder(&mut self) -> StateMachine {

@@ -545,3 +545,44 @@ fn a_learner_is_promoted_and_the_whole_cluster_restarts_with_its_state() {
         }
     });
 }
+
+#[test]
+fn a_proposal_sent_twice_is_applied_once_and_both_senders_get_its_reply() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let (a, a_store) = start(1, dirs[0].path(), Start::Bootstrap, 5000).await;
+        eventually("node 1 to lead", || a.status().leader == Some(1)).await;
+        let (b, b_store) = start(2, dirs[1].path(), Start::Join(a.addr().to_string()), 5000).await;
+        a.propose(stamped(1, sql(&["CREATE TABLE t(x)"])))
+            .await
+            .unwrap();
+        // What a new leader sees when the old one had replicated a
+        // proposal that its sender then sent again: the same stamp twice.
+        let once = stamped(2, sql(&["INSERT INTO t VALUES (42)"]));
+        let first = a.propose(once.clone()).await.unwrap();
+        let again = a.propose(once.clone()).await.unwrap();
+        let through_b = b.propose(once).await.unwrap();
+        match &first {
+            tablix_store::CommandReply::Sql(r) => assert_eq!(
+                r.statements[0].result,
+                tablix_store::StatementResult::Executed {
+                    last_insert_id: 1,
+                    rows_affected: 1
+                }
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Node 2's reply is its own application's: the same result, its
+        // own timing.
+        let result = |r: &tablix_store::CommandReply| match r {
+            tablix_store::CommandReply::Sql(r) => r.statements[0].result.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(again, first);
+        assert_eq!(result(&through_b), result(&first));
+        assert_eq!(count(&a_store), 1);
+        eventually("node 2 applied it once", || count(&b_store) == 1).await;
+        stop(b, b_store).await;
+        stop(a, a_store).await;
+    });
+}
