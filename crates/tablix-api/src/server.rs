@@ -303,23 +303,32 @@ async fn write(
     Ok(json_response(Body::from(chunks.concat())))
 }
 
-/// Chunks of a streamed response, sent as they are encoded.
+/// How a read's response begins.
+enum Start {
+    /// The whole body: the result fit in the first chunk (most reads), so
+    /// the answer leaves in one piece, with no stream to wake for.
+    Whole(Vec<u8>),
+    /// Chunks follow on the channel.
+    Streamed,
+}
+
+/// Chunks of a streamed response, sent as they are encoded. The first
+/// chunk is held back: if nothing follows it, it is the whole body.
 struct Channel {
     tx: mpsc::Sender<Vec<u8>>,
-    /// Says whether the response starts (Ok) or fails as a whole (Err),
-    /// once: before the first chunk.
-    start: Option<oneshot::Sender<Result<(), Failure>>>,
+    /// Says how the response starts (Ok) or that it fails as a whole
+    /// (Err), once: before the first chunk is sent.
+    start: Option<oneshot::Sender<Result<Start, Failure>>>,
+    /// The first chunk, while it may be the only one.
+    held: Option<Vec<u8>>,
     /// When the request's time is up: a client that does not read by
     /// then is given up on.
     deadline: Instant,
     handle: tokio::runtime::Handle,
 }
 
-impl Out for Channel {
-    fn emit(&mut self, chunk: Vec<u8>) -> Result<(), Stop> {
-        if let Some(start) = self.start.take() {
-            let _ = start.send(Ok(()));
-        }
+impl Channel {
+    fn send(&mut self, chunk: Vec<u8>) -> Result<(), Stop> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         let tx = self.tx.clone();
         match self
@@ -329,6 +338,29 @@ impl Out for Channel {
             Ok(Ok(())) => Ok(()),
             _ => Err(Stop::Gone),
         }
+    }
+
+    /// The encoding ended: a response not begun yet leaves whole.
+    fn end(&mut self) {
+        if let Some(start) = self.start.take() {
+            let _ = start.send(Ok(Start::Whole(self.held.take().unwrap_or_default())));
+        }
+    }
+}
+
+impl Out for Channel {
+    fn emit(&mut self, chunk: Vec<u8>) -> Result<(), Stop> {
+        if self.start.is_some() && self.held.is_none() {
+            self.held = Some(chunk);
+            return Ok(());
+        }
+        if let Some(start) = self.start.take() {
+            let _ = start.send(Ok(Start::Streamed));
+        }
+        if let Some(first) = self.held.take() {
+            self.send(first)?;
+        }
+        self.send(chunk)
     }
 }
 
@@ -357,16 +389,15 @@ async fn read(
         let out = Channel {
             tx,
             start: Some(start_tx),
+            held: None,
             deadline,
             handle,
         };
         let mut enc = Encoder::new(out, &o2, Shape::Mixed, limits.max_result_bytes);
         match store.query_into(&principal, &sts, &limits, &mut enc) {
             Ok(()) => {
-                if let Ok(mut out) = enc.finish(started.elapsed().as_secs_f64())
-                    && let Some(start) = out.start.take()
-                {
-                    let _ = start.send(Ok(()));
+                if let Ok(mut out) = enc.finish(started.elapsed().as_secs_f64()) {
+                    out.end();
                 }
             }
             Err(e) if !enc.started() => {
@@ -374,11 +405,22 @@ async fn read(
                     let _ = start.send(Err(Failure::from(e)));
                 }
             }
-            Err(e) => tracing::warn!("a streamed query failed part way: {e}"),
+            Err(e) => {
+                tracing::warn!("a streamed query failed part way: {e}");
+                // What was encoded goes out as a stream that ends short.
+                let mut out = enc.into_out();
+                if let Some(start) = out.start.take() {
+                    let _ = start.send(Ok(Start::Streamed));
+                }
+                if let Some(first) = out.held.take() {
+                    let _ = out.send(first);
+                }
+            }
         }
     });
     match start_rx.await {
-        Ok(Ok(())) => {}
+        Ok(Ok(Start::Whole(body))) => return Ok(json_response(Body::from(body))),
+        Ok(Ok(Start::Streamed)) => {}
         Ok(Err(f)) => return Err(f),
         Err(_) => {
             return Err(Failure(
@@ -396,9 +438,12 @@ async fn read(
 }
 
 /// The start signal of an encoder that never sent anything.
-fn enc_start(enc: Encoder<Channel>) -> Option<oneshot::Sender<Result<(), Failure>>> {
+fn enc_start(enc: Encoder<Channel>) -> Option<oneshot::Sender<Result<Start, Failure>>> {
     enc.into_out().start
 }
+
+/// SQL text up to this many bytes is classified on the async worker.
+const INLINE_CLASSIFY: usize = 4096;
 
 async fn unified(
     app: &Arc<App>,
@@ -408,12 +453,21 @@ async fn unified(
 ) -> Result<Response, Failure> {
     let store = Arc::clone(&app.store);
     let principal = who.0.principal.clone();
-    let (sts, reads) = tokio::task::spawn_blocking(move || {
+    // Preparing a few short statements takes microseconds: done here, it
+    // spares the request two thread switches. Long text is prepared off
+    // the async workers.
+    let short = sts.iter().map(|s| s.sql.len()).sum::<usize>() <= INLINE_CLASSIFY;
+    let (sts, reads) = if short {
         let r = store.classify(&principal, &sts);
         (sts, r)
-    })
-    .await
-    .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    } else {
+        tokio::task::spawn_blocking(move || {
+            let r = store.classify(&principal, &sts);
+            (sts, r)
+        })
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    };
     if reads? {
         read(app, who, sts, o).await
     } else {
