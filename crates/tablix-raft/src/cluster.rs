@@ -243,6 +243,9 @@ pub(crate) struct Shared {
     /// Until when this node holds back from standing for election (a
     /// leadership transfer asked it to).
     pub(crate) hold_until: std::sync::Mutex<Option<Instant>>,
+    /// When the service last logged a refused request: peers retry many
+    /// times a second, the log says it once in a while.
+    pub(crate) refused_logged: std::sync::Mutex<Option<Instant>>,
 }
 
 /// How fresh a node's state is, for rqlite's `freshness`.
@@ -256,6 +259,18 @@ pub struct Freshness {
 }
 
 impl Shared {
+    /// Logs `message` as a warning unless one was logged in the last
+    /// ten seconds.
+    pub(crate) fn warn_rarely(&self, message: String) {
+        let Ok(mut last) = self.refused_logged.lock() else {
+            return;
+        };
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            *last = Some(Instant::now());
+            tracing::warn!("{message}");
+        }
+    }
+
     pub(crate) fn heard_from_leader(&self) {
         if let Ok(mut t) = self.last_contact.lock() {
             *t = Some(Instant::now());
@@ -1079,6 +1094,7 @@ impl ClusterNode {
             last_contact: std::sync::Mutex::new(None),
             transferring: std::sync::atomic::AtomicBool::new(false),
             hold_until: std::sync::Mutex::new(None),
+            refused_logged: std::sync::Mutex::new(None),
         });
         tokio::spawn(break_split_votes(
             Arc::downgrade(&shared),

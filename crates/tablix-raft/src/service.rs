@@ -76,10 +76,10 @@ async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next
                 && request.uri().path() != path::WELCOME
                 && s.raft.metrics().borrow().last_log_index.is_none() =>
         {
-            tracing::warn!(
-                "refused a request for {} from cluster {theirs}: this node belongs to no cluster yet",
+            s.warn_rarely(format!(
+                "refused a request for {} from cluster {theirs}: this node belongs to no cluster yet (restart it with --join if it was a member whose data was lost)",
                 request.uri().path()
-            );
+            ));
             (
                 StatusCode::CONFLICT,
                 "this node belongs to no cluster yet: a node comes in with --join or `tablix cluster add`; a member whose data directory was lost must be added again the same way",
@@ -89,7 +89,10 @@ async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next
         Some(theirs) => match s.identity.adopt(&theirs) {
             Ok(()) => next.run(request).await,
             Err(e @ (IdentityError::Other { .. } | IdentityError::Malformed(_))) => {
-                tracing::warn!("refused a request for {}: {e}", request.uri().path());
+                s.warn_rarely(format!(
+                    "refused a request for {}: {e}",
+                    request.uri().path()
+                ));
                 (StatusCode::CONFLICT, e.to_string()).into_response()
             }
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
