@@ -377,3 +377,102 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         assert!(out.contains("clean"), "{out}");
     }
 }
+
+/// A certificate authority and, for each of `names`, a certificate it
+/// signed for 127.0.0.1, in `dir`: (cert, key, ca) files per name.
+fn cluster_certificates(dir: &Path, names: &[&str]) -> Vec<(PathBuf, PathBuf, PathBuf)> {
+    let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test cluster");
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = params.self_signed(&ca_key).unwrap();
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    let issuer = rcgen::Issuer::new(params, ca_key);
+    names
+        .iter()
+        .map(|name| {
+            let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".into()]).unwrap();
+            params.extended_key_usages = vec![
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ];
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &issuer).unwrap();
+            let (c, k) = (
+                dir.join(format!("{name}.crt")),
+                dir.join(format!("{name}.key")),
+            );
+            std::fs::write(&c, cert.pem()).unwrap();
+            std::fs::write(&k, key.serialize_pem()).unwrap();
+            (c, k, ca.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_a_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let certs = cluster_certificates(&pki, &["node1", "node2", "operator"]);
+    let raft: Vec<String> = (0..2).map(|_| free_raft_addr()).collect();
+    let tls_args = |i: usize| {
+        vec![
+            "--raft-cert".to_string(),
+            certs[i].0.display().to_string(),
+            "--raft-key".to_string(),
+            certs[i].1.display().to_string(),
+            "--raft-ca".to_string(),
+            certs[i].2.display().to_string(),
+        ]
+    };
+    let start = |i: usize, how: &[&str]| {
+        let id = (i + 1).to_string();
+        let mut args: Vec<String> = vec!["--node-id".into(), id, "--raft".into(), raft[i].clone()];
+        args.extend(how.iter().map(|s| s.to_string()));
+        args.extend(tls_args(i));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Daemon::start_env(
+            &dir.path().join(format!("data{i}")),
+            &args,
+            &[("TABLIX_LOG", "error")],
+        )
+    };
+    let d1 = start(0, &["--bootstrap"]);
+    let d2 = start(1, &["--join", &raft[0]]);
+    let status = |with_certificate: bool| {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.args(["cluster", "--raft", &raft[1], "status", "--json"]);
+        if with_certificate {
+            cmd.args(tls_args(2));
+        }
+        cmd.output().unwrap()
+    };
+    eventually("two voters seen through TLS", || {
+        let out = status(true);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|s| s["members"].as_array().is_some_and(|m| m.len() == 2))
+    });
+    let refused = status(false);
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("--raft-cert"), "{said}");
+    // SQL through the follower reaches the leader over TLS.
+    let r = d2.post(
+        "/db/execute",
+        r#"["CREATE TABLE t(x)", "INSERT INTO t VALUES (1)"]"#,
+    );
+    assert_eq!(r["results"][1]["rows_affected"], 1, "{r}");
+    eventually("the row on node 1", || {
+        rows(&d1, "SELECT count(*) FROM t") == vec![vec![serde_json::json!(1)]]
+    });
+    d2.stop();
+    d1.stop();
+}
