@@ -244,15 +244,27 @@ impl Client {
                         let candidates = others.lock().map(|o| o.clone()).unwrap_or_default();
                         let mut found = None;
                         for other in candidates {
-                            if let Ok(r) = send_to(&other) {
-                                eprintln!("({at} cannot be reached; going on with {other})");
-                                if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
-                                    o.retain(|x| *x != other);
-                                    o.push(at.clone());
-                                    *b = other;
+                            match send_to(&other) {
+                                Ok(r) => {
+                                    eprintln!("({at} cannot be reached; going on with {other})");
+                                    if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
+                                        o.retain(|x| *x != other);
+                                        o.push(at.clone());
+                                        *b = other;
+                                    }
+                                    found = Some(r);
+                                    break;
                                 }
-                                found = Some(r);
-                                break;
+                                // Reached no one either: the next may do.
+                                Err(e) if never_sent(&e) => {}
+                                // It may have reached that node: sending it
+                                // again elsewhere could apply it twice.
+                                Err(e) => {
+                                    return Err(ClientError::Unreachable {
+                                        addr: other,
+                                        reason: e.to_string(),
+                                    });
+                                }
                             }
                         }
                         found.ok_or_else(|| self.unreachable(e))?
