@@ -285,17 +285,6 @@ pub(crate) async fn redirect(
     let Some(cluster) = &app.config.cluster else {
         return next.run(request).await;
     };
-    let (mut parts, body) = request.into_parts();
-    let allowed = match Who::from_request_parts(&mut parts, &app).await {
-        Ok(Who(caller, _)) if parts.uri.path() == "/db/execute" => caller.perms.execute,
-        Ok(Who(caller, _)) => caller.perms.query || caller.perms.execute,
-        Err(_) => false,
-    };
-    let request = axum::extract::Request::from_parts(parts, body);
-    if !allowed {
-        return next.run(request).await;
-    }
-    let query = request.uri().query().unwrap_or("");
     let pairs: Vec<(String, String)> = Query::try_from_uri(request.uri())
         .map(|Query(p)| p)
         .unwrap_or_default();
@@ -307,6 +296,19 @@ pub(crate) async fn redirect(
     if !asked || local_read || cluster.is_leader() {
         return next.run(request).await;
     }
+    // Only now is the caller attributed (the handler does it for every
+    // other request): a password check is not paid twice.
+    let (mut parts, body) = request.into_parts();
+    let allowed = match Who::from_request_parts(&mut parts, &app).await {
+        Ok(Who(caller, _)) if parts.uri.path() == "/db/execute" => caller.perms.execute,
+        Ok(Who(caller, _)) => caller.perms.query || caller.perms.execute,
+        Err(_) => false,
+    };
+    let request = axum::extract::Request::from_parts(parts, body);
+    if !allowed {
+        return next.run(request).await;
+    }
+    let query = request.uri().query().unwrap_or("");
     match cluster.leader_api(ASK).await {
         Some(api) => {
             let target = format!(

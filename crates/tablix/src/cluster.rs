@@ -33,6 +33,7 @@ async fn act(args: ClusterArgs) -> anyhow::Result<ExitCode> {
 
 async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<ExitCode> {
     let wait = Duration::from_secs(120);
+    let voter = matches!(args.action, ClusterAction::Add { .. });
     let changed = match args.action {
         ClusterAction::Status { json } => {
             let status: ClusterStatus = transport
@@ -45,33 +46,14 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
             }
             return Ok(ExitCode::SUCCESS);
         }
-        ClusterAction::Add { id, addr } => {
-            transport
-                .join(
-                    &args.raft,
-                    &JoinRequest {
-                        id,
-                        addr,
-                        voter: true,
-                        fresh: false,
-                    },
-                    wait,
-                )
-                .await?
-        }
-        ClusterAction::AddLearner { id, addr } => {
-            transport
-                .join(
-                    &args.raft,
-                    &JoinRequest {
-                        id,
-                        addr,
-                        voter: false,
-                        fresh: false,
-                    },
-                    wait,
-                )
-                .await?
+        ClusterAction::Add { id, addr } | ClusterAction::AddLearner { id, addr } => {
+            let request = JoinRequest {
+                id,
+                addr,
+                voter,
+                fresh: false,
+            };
+            transport.join(&args.raft, &request, wait).await?
         }
         ClusterAction::Remove { id } => transport.remove(&args.raft, id, wait).await?,
         ClusterAction::TransferLeader { id } => {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tablix_raft::{ClusterNode, Faults, Start};
 use tablix_store::{CommandReply, Stamp, Stamped, Store, Value};
 
-use super::network::{eventually, start_impatient, stop};
+use super::network::{eventually, form, start_impatient, start_with, stop};
 use super::{rows, runtime, sql};
 
 const CLIENTS: i64 = 3;
@@ -22,21 +22,10 @@ fn a_lossy_duplicating_reordering_network_loses_and_doubles_no_acknowledged_writ
     eprintln!("faults: seed {seed:#x}");
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let first = start_impatient(1, dirs[0].path(), Start::Bootstrap).await;
-        eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
-        let join = first.0.addr().to_string();
-        let mut nodes = vec![first];
-        for id in 2..=3u64 {
-            nodes.push(
-                start_impatient(id, dirs[id as usize - 1].path(), Start::Join(join.clone())).await,
-            );
-        }
-        for (n, _) in &nodes {
-            eventually("three voters", || {
-                n.status().members.iter().filter(|m| m.voter).count() == 3
-            })
-            .await;
-        }
+        let nodes = form(3, |id, how| {
+            start_impatient(id, dirs[id as usize - 1].path(), how)
+        })
+        .await;
         // No unique key: a write applied twice would show as two rows.
         nodes[0]
             .0
@@ -169,19 +158,13 @@ async fn start_small(
     chunk: u64,
     addr: Option<std::net::SocketAddr>,
 ) -> (ClusterNode, Arc<Store>) {
-    let mut config = tablix_store::StoreConfig::new(dir.join("data"));
-    config.log_keeper = tablix_store::LogKeeper::Replication;
-    let store = Arc::new(Store::open(config).unwrap());
-    let listen = addr.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
-    let mut cluster = tablix_raft::ClusterConfig::new(id, listen, dir);
-    cluster.start = how;
-    cluster.snapshot_every = every;
-    cluster.keep_behind_snapshot = 0;
-    cluster.snapshot_chunk_bytes = chunk;
-    let node = ClusterNode::start(cluster, Arc::clone(&store))
-        .await
-        .unwrap();
-    (node, store)
+    start_with(id, dir, addr, |c| {
+        c.start = how;
+        c.snapshot_every = every;
+        c.keep_behind_snapshot = 0;
+        c.snapshot_chunk_bytes = chunk;
+    })
+    .await
 }
 
 /// Rows of `t` (none while the node has not the table yet).
@@ -261,23 +244,11 @@ fn a_snapshot_whose_chunks_are_lost_on_the_way_is_sent_again_until_installed() {
 fn a_node_restarted_with_its_data_directory_wiped_is_brought_back_by_the_cluster() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let mut nodes =
-            vec![start_small(1, dirs[0].path(), Start::Bootstrap, 20, 1 << 20, None).await];
-        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
+        let mut nodes = form(3, |id, how| {
+            start_small(id, dirs[id as usize - 1].path(), how, 20, 1 << 20, None)
+        })
+        .await;
         let seed = nodes[0].0.addr().to_string();
-        for id in 2..=3u64 {
-            nodes.push(
-                start_small(
-                    id,
-                    dirs[id as usize - 1].path(),
-                    Start::Join(seed.clone()),
-                    20,
-                    1 << 20,
-                    None,
-                )
-                .await,
-            );
-        }
         nodes[0]
             .0
             .propose(Stamped::new(Stamp::now(), sql(&["CREATE TABLE t(k, pad)"])))
@@ -344,30 +315,17 @@ fn a_follower_whose_disk_fills_stops_says_so_and_catches_up_once_it_has_room() {
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     const ROWS: i64 = 150;
     runtime().block_on(async {
-        let mut nodes =
-            vec![start_small(1, dirs[0].path(), Start::Bootstrap, 5000, 1 << 20, None).await];
-        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
-        let seed = nodes[0].0.addr().to_string();
-        nodes.push(
-            start_small(
-                2,
-                dirs[1].path(),
-                Start::Join(seed.clone()),
-                5000,
-                1 << 20,
-                None,
-            )
-            .await,
-        );
-        let (small, small_store) = start_small(
-            3,
-            disk.path(),
-            Start::Join(seed.clone()),
-            5000,
-            1 << 20,
-            None,
-        )
+        // Nodes 1 and 2 on ordinary disks, node 3 on the small one.
+        let mut nodes = form(3, |id, how| {
+            let dir = if id == 3 {
+                disk.path()
+            } else {
+                dirs[id as usize - 1].path()
+            };
+            start_small(id, dir, how, 5000, 1 << 20, None)
+        })
         .await;
+        let (small, small_store) = nodes.pop().unwrap();
         let small_addr = small.addr();
         nodes[0]
             .0

@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
-use tablix_raft::{ClusterNode, ReadBarrier, Start};
+use tablix_raft::{ClusterNode, ReadBarrier};
 use tablix_store::{
     CommandReply, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
     StatementResult, Store, Value,
 };
 
-use super::network::{eventually, start_impatient, stop};
+use super::network::{eventually, form, start_impatient, stop};
 use super::{rows, runtime};
 
 /// A register with compare-and-set: the reference the history must
@@ -141,19 +141,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
     eprintln!("jepsen: seed {seed:#x}, {seconds} s of workload");
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let first = start_impatient(1, dirs[0].path(), Start::Bootstrap).await;
-        eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
-        let join = first.0.addr().to_string();
-        let mut nodes = vec![first];
-        for id in 2..=3u64 {
-            nodes.push(start_impatient(id, dirs[id as usize - 1].path(), Start::Join(join.clone())).await);
-        }
-        for (n, _) in &nodes {
-            eventually("three voters", || {
-                n.status().members.iter().filter(|m| m.voter).count() == 3
-            })
-            .await;
-        }
+        let nodes = form(3, |id, how| start_impatient(id, dirs[id as usize - 1].path(), how)).await;
         let setup = nodes[0]
             .0
             .propose(sql(

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tablix_raft::{ClusterConfig, ClusterNode, ReadBarrier, Start};
+use tablix_raft::{ClusterConfig, ClusterError, ClusterNode, ReadBarrier, Start};
 use tablix_store::{LogKeeper, ReplicatedCommand, Stamp, Stamped, Store, StoreConfig, Value};
 
 use super::{file, make_file, rows, runtime, sql};
@@ -25,54 +25,85 @@ fn stamped(n: i64, command: ReplicatedCommand) -> Stamped<ReplicatedCommand> {
     )
 }
 
-/// Starts node `id` with its data in `dir`.
-async fn start(
+/// Starts node `id` with its data in `dir`, listening at `listen` (a free
+/// loopback port without), its settings changed by `tune`; a node that
+/// fails to start gives back its store.
+pub(crate) async fn try_start_with(
     id: u64,
     dir: &Path,
-    start: Start,
-    snapshot_every: u64,
-) -> (ClusterNode, Arc<Store>) {
+    listen: Option<SocketAddr>,
+    tune: impl FnOnce(&mut ClusterConfig),
+) -> Result<(ClusterNode, Arc<Store>), (ClusterError, Arc<Store>)> {
     let mut config = StoreConfig::new(dir.join("data"));
     config.log_keeper = LogKeeper::Replication;
     let store = Arc::new(Store::open(config).unwrap());
-    let listen: SocketAddr = LOOPBACK.parse().unwrap();
+    let listen = listen.unwrap_or_else(|| LOOPBACK.parse().unwrap());
     let mut cluster = ClusterConfig::new(id, listen, dir);
-    cluster.start = start;
-    cluster.snapshot_every = snapshot_every;
-    cluster.keep_behind_snapshot = 0;
-    let node = ClusterNode::start(cluster, Arc::clone(&store))
-        .await
-        .unwrap();
-    (node, store)
+    tune(&mut cluster);
+    match ClusterNode::start(cluster, Arc::clone(&store)).await {
+        Ok(node) => Ok((node, store)),
+        Err(e) => Err((e, store)),
+    }
+}
+
+/// [`try_start_with`], which must succeed.
+pub(crate) async fn start_with(
+    id: u64,
+    dir: &Path,
+    listen: Option<SocketAddr>,
+    tune: impl FnOnce(&mut ClusterConfig),
+) -> (ClusterNode, Arc<Store>) {
+    match try_start_with(id, dir, listen, tune).await {
+        Ok(n) => n,
+        Err((e, _)) => panic!("node {id} did not start: {e}"),
+    }
+}
+
+/// Starts node `id` with its data in `dir`.
+async fn start(id: u64, dir: &Path, how: Start, snapshot_every: u64) -> (ClusterNode, Arc<Store>) {
+    start_with(id, dir, None, |c| {
+        c.start = how;
+        c.snapshot_every = snapshot_every;
+        c.keep_behind_snapshot = 0;
+    })
+    .await
 }
 
 /// Starts node `id` with a short wait for a leader.
-pub(crate) async fn start_impatient(
-    id: u64,
-    dir: &Path,
-    start: Start,
-) -> (ClusterNode, Arc<Store>) {
-    let mut config = StoreConfig::new(dir.join("data"));
-    config.log_keeper = LogKeeper::Replication;
-    let store = Arc::new(Store::open(config).unwrap());
-    let mut cluster = ClusterConfig::new(id, LOOPBACK.parse().unwrap(), dir);
-    cluster.start = start;
-    cluster.leader_wait = Duration::from_secs(2);
-    let node = ClusterNode::start(cluster, Arc::clone(&store))
-        .await
-        .unwrap();
-    (node, store)
+pub(crate) async fn start_impatient(id: u64, dir: &Path, how: Start) -> (ClusterNode, Arc<Store>) {
+    start_with(id, dir, None, |c| {
+        c.start = how;
+        c.leader_wait = Duration::from_secs(2);
+    })
+    .await
 }
 
 /// Starts node `id` again where it ran before (same address).
 async fn restart(id: u64, dir: &Path, addr: SocketAddr) -> (ClusterNode, Arc<Store>) {
-    let mut config = StoreConfig::new(dir.join("data"));
-    config.log_keeper = LogKeeper::Replication;
-    let store = Arc::new(Store::open(config).unwrap());
-    let node = ClusterNode::start(ClusterConfig::new(id, addr, dir), Arc::clone(&store))
-        .await
-        .unwrap();
-    (node, store)
+    start_with(id, dir, Some(addr), |_| {}).await
+}
+
+/// Forms a cluster of `n` nodes started by `start(id, how)`: node 1
+/// bootstraps it and leads, the others join through it.
+pub(crate) async fn form<F, Fut>(n: u64, mut start: F) -> Vec<(ClusterNode, Arc<Store>)>
+where
+    F: FnMut(u64, Start) -> Fut,
+    Fut: std::future::Future<Output = (ClusterNode, Arc<Store>)>,
+{
+    let first = start(1, Start::Bootstrap).await;
+    eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
+    let seed = first.0.addr().to_string();
+    let mut nodes = vec![first];
+    for id in 2..=n {
+        nodes.push(start(id, Start::Join(seed.clone())).await);
+    }
+    for (node, _) in &nodes {
+        eventually("every node to see every voter", || {
+            node.status().members.iter().filter(|m| m.voter).count() == n as usize
+        })
+        .await;
+    }
+    nodes
 }
 
 /// Waits until `check` holds, for up to 20 s.
@@ -100,22 +131,10 @@ pub(crate) async fn stop(node: ClusterNode, store: Arc<Store>) {
 fn three_nodes_take_writes_through_any_node_and_survive_losing_the_leader() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let mut nodes = Vec::new();
-        let first = start(1, dirs[0].path(), Start::Bootstrap, 5000).await;
-        let seed = first.0.addr().to_string();
-        eventually("node 1 to lead", || first.0.status().leader == Some(1)).await;
-        nodes.push(first);
-        for id in 2..=3u64 {
-            nodes.push(
-                start(
-                    id,
-                    dirs[id as usize - 1].path(),
-                    Start::Join(seed.clone()),
-                    5000,
-                )
-                .await,
-            );
-        }
+        let mut nodes = form(3, |id, how| {
+            start(id, dirs[id as usize - 1].path(), how, 5000)
+        })
+        .await;
         for (node, _) in &nodes {
             eventually("three voters everywhere", || {
                 let s = node.status();
@@ -313,20 +332,10 @@ fn joining_through_an_address_where_no_node_listens_fails_clearly() {
 fn a_partitioned_minority_takes_no_write_and_serves_no_linearizable_read() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let mut nodes = vec![start_impatient(1, dirs[0].path(), Start::Bootstrap).await];
-        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
-        let seed = nodes[0].0.addr().to_string();
-        for id in 2..=3u64 {
-            nodes.push(
-                start_impatient(id, dirs[id as usize - 1].path(), Start::Join(seed.clone())).await,
-            );
-        }
-        for (n, _) in &nodes {
-            eventually("three voters", || {
-                n.status().members.iter().filter(|m| m.voter).count() == 3
-            })
-            .await;
-        }
+        let nodes = form(3, |id, how| {
+            start_impatient(id, dirs[id as usize - 1].path(), how)
+        })
+        .await;
         nodes[0]
             .0
             .propose(stamped(
@@ -399,20 +408,10 @@ fn a_partitioned_minority_takes_no_write_and_serves_no_linearizable_read() {
 fn five_nodes_hand_leadership_to_the_node_asked_and_go_on_taking_writes() {
     let dirs: Vec<tempfile::TempDir> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let mut nodes = vec![start(1, dirs[0].path(), Start::Bootstrap, 5000).await];
-        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
-        let seed = nodes[0].0.addr().to_string();
-        for id in 2..=5u64 {
-            nodes.push(
-                start(
-                    id,
-                    dirs[id as usize - 1].path(),
-                    Start::Join(seed.clone()),
-                    5000,
-                )
-                .await,
-            );
-        }
+        let nodes = form(5, |id, how| {
+            start(id, dirs[id as usize - 1].path(), how, 5000)
+        })
+        .await;
         let learner = start(6, dirs[5].path(), Start::Resume, 5000).await;
         nodes[0]
             .0
@@ -473,20 +472,10 @@ fn five_nodes_hand_leadership_to_the_node_asked_and_go_on_taking_writes() {
 fn a_learner_is_promoted_and_the_whole_cluster_restarts_with_its_state() {
     let dirs: Vec<tempfile::TempDir> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let mut nodes = vec![start(1, dirs[0].path(), Start::Bootstrap, 20).await];
-        eventually("node 1 to lead", || nodes[0].0.status().leader == Some(1)).await;
-        let seed = nodes[0].0.addr().to_string();
-        for id in 2..=3u64 {
-            nodes.push(
-                start(
-                    id,
-                    dirs[id as usize - 1].path(),
-                    Start::Join(seed.clone()),
-                    20,
-                )
-                .await,
-            );
-        }
+        let mut nodes = form(3, |id, how| {
+            start(id, dirs[id as usize - 1].path(), how, 20)
+        })
+        .await;
         // Node 4 comes in as a learner: it gets the log, votes in nothing.
         nodes.push(start(4, dirs[3].path(), Start::Resume, 20).await);
         let learner_addr = nodes[3].0.addr().to_string();

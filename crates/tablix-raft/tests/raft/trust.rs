@@ -7,35 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tablix_raft::cluster_id::{self, ClusterIdentity};
-use tablix_raft::{
-    ClusterConfig, ClusterError, ClusterNode, NodeTls, Start, TlsFiles, Transport, TransportError,
-};
-use tablix_store::{LogKeeper, Stamp, Stamped, Store, StoreConfig, Value};
+use tablix_raft::{ClusterError, ClusterNode, NodeTls, Start, TlsFiles, Transport, TransportError};
+use tablix_store::{Stamp, Stamped, Store, Value};
 
-use super::network::{eventually, stop};
+use super::network::{eventually, start_with, stop, try_start_with};
 use super::{rows, runtime, sql};
-
-fn open(dir: &Path) -> Arc<Store> {
-    let mut config = StoreConfig::new(dir.join("data"));
-    config.log_keeper = LogKeeper::Replication;
-    Arc::new(Store::open(config).unwrap())
-}
 
 async fn start(
     id: u64,
     dir: &Path,
-    start: Start,
+    how: Start,
     tls: Option<NodeTls>,
 ) -> Result<(ClusterNode, Arc<Store>), (ClusterError, Arc<Store>)> {
-    let store = open(dir);
-    let mut config = ClusterConfig::new(id, "127.0.0.1:0".parse().unwrap(), dir);
-    config.start = start;
-    config.tls = tls;
-    config.join_wait = Duration::from_secs(5);
-    match ClusterNode::start(config, Arc::clone(&store)).await {
-        Ok(node) => Ok((node, store)),
-        Err(e) => Err((e, store)),
-    }
+    try_start_with(id, dir, None, |c| {
+        c.start = how;
+        c.tls = tls;
+        c.join_wait = Duration::from_secs(5);
+    })
+    .await
 }
 
 async fn started(
@@ -44,10 +33,12 @@ async fn started(
     how: Start,
     tls: Option<NodeTls>,
 ) -> (ClusterNode, Arc<Store>) {
-    match start(id, dir, how, tls).await {
-        Ok(n) => n,
-        Err((e, _)) => panic!("node {id} did not start: {e}"),
-    }
+    start_with(id, dir, None, |c| {
+        c.start = how;
+        c.tls = tls;
+        c.join_wait = Duration::from_secs(5);
+    })
+    .await
 }
 
 async fn write(node: &ClusterNode, n: i64, statements: &[&str]) {
@@ -112,10 +103,8 @@ fn a_node_keeps_to_its_cluster_and_a_data_directory_of_another_is_not_joined() {
         // is cluster B's.
         let b_addr = b.0.addr();
         stop(b.0, b.1).await;
-        let store = open(dirs[1].path());
-        let mut config = ClusterConfig::new(1, b_addr, dirs[1].path());
-        config.start = Start::Join(a.0.addr().to_string());
-        let e = ClusterNode::start(config, Arc::clone(&store))
+        let join_a = Start::Join(a.0.addr().to_string());
+        let (e, store) = try_start_with(1, dirs[1].path(), Some(b_addr), |c| c.start = join_a)
             .await
             .err()
             .expect("a node of cluster B joined cluster A");
