@@ -43,12 +43,15 @@ test: deps lint
 	$(MAKE) pcache-c-test
 	$(MAKE) rqlite-clients-test
 
-## The Jepsen-style test for a minute (make test runs it for 3 s):
-## register operations checked for linearizability and bank transfers
-## on three nodes while partitions come and go.
+## The Jepsen-style tests for a minute each (make test runs them for
+## 3 s and 10 s): register operations checked for linearizability and
+## bank transfers on three nodes, in one process while partitions and a
+## lossy network come and go, then on three daemons through their HTTP
+## APIs while daemons are killed with SIGKILL and paused (root, FUSE).
 JEPSEN_SECONDS ?= 60
 jepsen: deps
 	TABLIX_JEPSEN_SECONDS=$(JEPSEN_SECONDS) $(CARGO) test --release --locked -p tablix-raft --test raft jepsen -- --nocapture
+	TABLIX_JEPSEN_SECONDS=$(JEPSEN_SECONDS) $(CARGO) test --release --locked -p tablix --test daemon jepsen -- --include-ignored --nocapture
 
 ## Existing rqlite client libraries (pinned, in a venv) against the daemon.
 RQ_VENV = target/rqlite-clients-venv

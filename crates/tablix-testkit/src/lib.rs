@@ -6,9 +6,12 @@
 //! * [`ApiServer`]: a store and the HTTP API serving it on an ephemeral
 //!   127.0.0.1 port (and the data directory's Unix socket), in a
 //!   temporary directory;
-//! * [`TinyDisk`]: a small tmpfs, for full-disk tests (root).
+//! * [`TinyDisk`]: a small tmpfs, for full-disk tests (root);
+//! * [`register`]: a compare-and-set register's history and its
+//!   linearizability check, for Jepsen-style tests.
 
 mod api_server;
+pub mod register;
 pub mod require;
 mod tiny_disk;
 

@@ -13,80 +13,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 use tablix_raft::{ClusterNode, ReadBarrier};
 use tablix_store::{
     CommandReply, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
     StatementResult, Store, Value,
 };
+use tablix_testkit::register::{History, Op, Ret, Rng};
 
 use super::network::{eventually, form, start_impatient, stop};
 use super::{rows, runtime};
-
-/// A register with compare-and-set: the reference the history must
-/// match.
-#[derive(Clone, Debug, Default)]
-struct CasRegister(i64);
-
-#[derive(Clone, Debug)]
-enum Op {
-    Read,
-    Write(i64),
-    Cas(i64, i64),
-}
-
-#[derive(Clone, Debug, PartialEq)]
-enum Ret {
-    ReadOk(i64),
-    WriteOk,
-    CasOk,
-    CasFailed,
-}
-
-impl SequentialSpec for CasRegister {
-    type Op = Op;
-    type Ret = Ret;
-    fn invoke(&mut self, op: &Op) -> Ret {
-        match op {
-            Op::Read => Ret::ReadOk(self.0),
-            Op::Write(v) => {
-                self.0 = *v;
-                Ret::WriteOk
-            }
-            Op::Cas(old, new) if *old == self.0 => {
-                self.0 = *new;
-                Ret::CasOk
-            }
-            Op::Cas(..) => Ret::CasFailed,
-        }
-    }
-}
-
-/// The history as it happened: invocations and returns, in real-time
-/// order (appended under one lock).
-enum Event {
-    Invoke(u64, Op),
-    Return(u64, Ret),
-    /// A read that failed: it changed nothing and saw nothing, so it is
-    /// left out (an operation in flight forever only slows the checker).
-    Dropped,
-}
-
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn sql(statements: &[(&str, Vec<Value>)], transaction: bool) -> Stamped<ReplicatedCommand> {
     Stamped::new(
@@ -161,7 +96,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
         assert!(matches!(setup, Ok(CommandReply::Sql(_))), "{setup:?}");
 
         let nodes: Arc<Vec<(ClusterNode, Arc<Store>)>> = Arc::new(nodes);
-        let history: Arc<Mutex<Vec<Event>>> = Arc::default();
+        let history: Arc<History> = Arc::default();
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
 
@@ -186,11 +121,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
                             next_value + 1_000_000_000,
                         ),
                     };
-                    let at = {
-                        let mut h = history.lock().unwrap();
-                        h.push(Event::Invoke(thread, op.clone()));
-                        h.len() - 1
-                    };
+                    let at = history.invoke(thread, op.clone());
                     let ret = match &op {
                         Op::Read => match node.handle().read_barrier(ReadBarrier::Quorum).await {
                             Ok(()) => Some(Ret::ReadOk(one_integer(
@@ -223,8 +154,8 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
                         .map(|n| if n == 1 { Ret::CasOk } else { Ret::CasFailed }),
                     };
                     match (ret, &op) {
-                        (Some(r), _) => history.lock().unwrap().push(Event::Return(thread, r)),
-                        (None, Op::Read) => history.lock().unwrap()[at] = Event::Dropped,
+                        (Some(r), _) => history.returned(thread, r),
+                        (None, Op::Read) => history.read_failed(at),
                         (None, _) => thread += 1,
                     }
                     // A think time: the checker's work grows fast with the
@@ -344,12 +275,12 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
         // One last read on every node, after everything healed.
         for (i, (node, store)) in nodes.iter().enumerate() {
             let thread = (100 + i as u64) << 32;
-            history.lock().unwrap().push(Event::Invoke(thread, Op::Read));
+            history.invoke(thread, Op::Read);
             let mut done = false;
             for _ in 0..100 {
                 if node.handle().read_barrier(ReadBarrier::Quorum).await.is_ok() {
                     let v = one_integer(store, "SELECT v FROM reg WHERE id = 1");
-                    history.lock().unwrap().push(Event::Return(thread, Ret::ReadOk(v)));
+                    history.returned(thread, Ret::ReadOk(v));
                     done = true;
                     break;
                 }
@@ -358,48 +289,16 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
             assert!(done, "node {} served no linearizable read after healing", i + 1);
         }
 
-        let checking = Instant::now();
-        let events = std::mem::take(&mut *history.lock().unwrap());
-        let invoked = events.iter().filter(|e| matches!(e, Event::Invoke(..))).count();
-        let returned = events.iter().filter(|e| matches!(e, Event::Return(..))).count();
-        // The checker searches orders of the concurrent operations: on a
-        // history that is not linearizable that search can take long, so
-        // it runs on a thread of its own and a verdict is awaited for a
-        // bounded time.
-        let (verdict, checked) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tester = LinearizabilityTester::new(CasRegister::default());
-            let mut valid = Ok(());
-            for e in events {
-                let step = match e {
-                    Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
-                    Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
-                    Event::Dropped => Ok(()),
-                };
-                if let Err(e) = step {
-                    valid = Err(e);
-                    break;
-                }
-            }
-            let _ = verdict.send(valid.map(|()| tester.is_consistent()));
-        });
         let limit = CHECK_LIMIT.max(Duration::from_secs(5 * seconds));
-        let linearizable = checked
-            .recv_timeout(limit)
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x})"
-                )
-            })
-            .unwrap_or_else(|e| panic!("the recorded history is malformed: {e}"));
+        let checked = history.check(limit, seed).unwrap_or_else(|e| panic!("{e}"));
         eprintln!(
-            "jepsen: {invoked} register operations, {returned} with a known outcome, checked in {:?}",
-            checking.elapsed()
+            "jepsen: {} register operations, {} with a known outcome, checked in {:?}",
+            checked.invoked, checked.returned, checked.took
         );
-        assert!(returned > 20, "too few operations completed: {returned}");
         assert!(
-            linearizable,
-            "the register's history is not linearizable (seed {seed:#x})"
+            checked.returned > 20,
+            "too few operations completed: {}",
+            checked.returned
         );
 
         let totals = std::mem::take(&mut *totals.lock().unwrap());

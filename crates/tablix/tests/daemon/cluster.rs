@@ -12,20 +12,20 @@ use crate::{BIN, Daemon, rows};
 
 /// A free loopback port (bound, then released) for a node's raft service,
 /// which keeps its address across restarts.
-fn free_raft_addr() -> String {
+pub(crate) fn free_raft_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
 }
 
-struct Node {
-    id: u64,
-    data: PathBuf,
-    mnt: PathBuf,
-    raft: String,
+pub(crate) struct Node {
+    pub id: u64,
+    pub data: PathBuf,
+    pub mnt: PathBuf,
+    pub raft: String,
 }
 
 impl Node {
-    fn start(&self, how: &[&str]) -> Daemon {
+    pub fn start(&self, how: &[&str]) -> Daemon {
         let id = self.id.to_string();
         let mut args = vec!["--node-id", &id, "--raft", &self.raft];
         args.extend_from_slice(how);
@@ -35,7 +35,7 @@ impl Node {
 }
 
 /// The leader the node at `raft` knows of.
-fn leader(raft: &str) -> Option<u64> {
+pub(crate) fn leader(raft: &str) -> Option<u64> {
     let out = std::process::Command::new(BIN)
         .args(["cluster", "--raft", raft, "status", "--json"])
         .output()
@@ -44,7 +44,7 @@ fn leader(raft: &str) -> Option<u64> {
     status["leader"].as_u64()
 }
 
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod hardening;
+mod jepsen;
 
 use std::collections::BTreeSet;
 
@@ -47,6 +48,9 @@ impl Daemon {
     fn try_start_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Daemon, String> {
         let mut cmd = Command::new(BIN);
         cmd.arg("up");
+        // Its standard error is a pipe nobody reads until the end: warnings
+        // only, unless the test says otherwise.
+        cmd.env("TABLIX_LOG", "warn");
         cmd.envs(env.iter().copied());
         if !extra.contains(&"--http") {
             cmd.args(["--http", "127.0.0.1:0"]);
@@ -55,7 +59,6 @@ impl Daemon {
             .arg("--data")
             .arg(data)
             .args(extra)
-            .env("TABLIX_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

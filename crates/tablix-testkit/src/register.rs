@@ -1,0 +1,203 @@
+//! A compare-and-set register's history, recorded as clients run it
+//! against a cluster, and its check with a linearizability checker
+//! (`consistency_model`'s, extracted from stateright).
+//!
+//! An operation whose outcome the client cannot know (its request failed
+//! in a way that may have left it applied) stays invoked and never
+//! returns: the checker may place it anywhere after its invocation, or
+//! nowhere. A read that failed changed nothing, so it is dropped from the
+//! history instead (an operation in flight forever only slows the
+//! checker).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
+
+/// A register with compare-and-set: the reference a history must match.
+#[derive(Clone, Debug, Default)]
+pub struct CasRegister(pub i64);
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Read,
+    Write(i64),
+    Cas(i64, i64),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ret {
+    ReadOk(i64),
+    WriteOk,
+    CasOk,
+    CasFailed,
+}
+
+impl SequentialSpec for CasRegister {
+    type Op = Op;
+    type Ret = Ret;
+    fn invoke(&mut self, op: &Op) -> Ret {
+        match op {
+            Op::Read => Ret::ReadOk(self.0),
+            Op::Write(v) => {
+                self.0 = *v;
+                Ret::WriteOk
+            }
+            Op::Cas(old, new) if *old == self.0 => {
+                self.0 = *new;
+                Ret::CasOk
+            }
+            Op::Cas(..) => Ret::CasFailed,
+        }
+    }
+}
+
+enum Event {
+    Invoke(u64, Op),
+    Return(u64, Ret),
+    Dropped,
+}
+
+/// Where an invocation sits in the history, to drop it if it was a read
+/// that failed.
+#[derive(Clone, Copy, Debug)]
+pub struct Invoked(usize);
+
+/// Invocations and returns in real-time order: each is appended under
+/// one lock when it happens. A thread is a client's sequence of
+/// operations; a client whose operation stays in flight goes on as a new
+/// thread.
+#[derive(Default)]
+pub struct History {
+    events: Mutex<Vec<Event>>,
+}
+
+/// What a checked history held.
+#[derive(Debug)]
+pub struct Checked {
+    pub invoked: usize,
+    pub returned: usize,
+    pub took: Duration,
+}
+
+impl History {
+    fn events(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
+        // A poisoned lock means a client panicked, and its test fails
+        // through that panic; the history itself stays whole.
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn invoke(&self, thread: u64, op: Op) -> Invoked {
+        let mut e = self.events();
+        e.push(Event::Invoke(thread, op));
+        Invoked(e.len() - 1)
+    }
+
+    pub fn returned(&self, thread: u64, ret: Ret) {
+        self.events().push(Event::Return(thread, ret));
+    }
+
+    /// Takes back a read that failed.
+    pub fn read_failed(&self, at: Invoked) {
+        self.events()[at.0] = Event::Dropped;
+    }
+
+    /// Checks the history, searching for at most `limit` (on a history
+    /// that is not linearizable the search can take long, so it runs on a
+    /// thread of its own). `Err` says why the history is not linearizable
+    /// or could not be checked; `seed` goes into the message.
+    pub fn check(&self, limit: Duration, seed: u64) -> Result<Checked, String> {
+        let events = std::mem::take(&mut *self.events());
+        let invoked = events
+            .iter()
+            .filter(|e| matches!(e, Event::Invoke(..)))
+            .count();
+        let returned = events
+            .iter()
+            .filter(|e| matches!(e, Event::Return(..)))
+            .count();
+        let started = std::time::Instant::now();
+        let (verdict, checked) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut tester = LinearizabilityTester::new(CasRegister::default());
+            let mut valid = Ok(());
+            for e in events {
+                let step = match e {
+                    Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
+                    Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
+                    Event::Dropped => Ok(()),
+                };
+                if let Err(e) = step {
+                    valid = Err(e.to_string());
+                    break;
+                }
+            }
+            let _ = verdict.send(valid.map(|()| tester.is_consistent()));
+        });
+        match checked.recv_timeout(limit) {
+            Err(_) => Err(format!(
+                "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x})"
+            )),
+            Ok(Err(e)) => Err(format!(
+                "the recorded history is malformed: {e} (seed {seed:#x})"
+            )),
+            Ok(Ok(false)) => Err(format!(
+                "the register's history is not linearizable (seed {seed:#x})"
+            )),
+            Ok(Ok(true)) => Ok(Checked {
+                invoked,
+                returned,
+                took: started.elapsed(),
+            }),
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift): a test's choices follow
+/// from its printed seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn draw(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.draw() % n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_read_after_a_write_returned_is_not_linearizable() {
+        let h = History::default();
+        h.invoke(1, Op::Write(5));
+        h.returned(1, Ret::WriteOk);
+        h.invoke(2, Op::Read);
+        h.returned(2, Ret::ReadOk(0));
+        let e = h.check(Duration::from_secs(10), 1).unwrap_err();
+        assert!(e.contains("not linearizable"), "{e}");
+    }
+
+    #[test]
+    fn a_write_in_flight_may_be_seen_or_not_and_a_failed_read_is_dropped() {
+        let h = History::default();
+        h.invoke(1, Op::Write(5));
+        h.invoke(2, Op::Read);
+        h.returned(2, Ret::ReadOk(0));
+        let failed = h.invoke(3, Op::Read);
+        h.read_failed(failed);
+        h.invoke(4, Op::Read);
+        h.returned(4, Ret::ReadOk(5));
+        h.invoke(5, Op::Cas(5, 6));
+        h.returned(5, Ret::CasOk);
+        let c = h.check(Duration::from_secs(10), 1).unwrap();
+        assert_eq!((c.invoked, c.returned), (4, 3));
+    }
+}
