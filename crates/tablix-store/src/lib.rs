@@ -67,6 +67,7 @@ pub use exec::{Cell, Sink, Stop};
 pub use outcome::{FsResult, PipeResult, Rows, SqlReply, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
 pub use principal::{MAY_EXEC, MAY_READ, MAY_WRITE, Principal};
+pub use proposals::REMEMBERED as REMEMBERED_PROPOSALS;
 pub use read_conn::ReadConn;
 pub use sandbox::ProcVisibility;
 pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};

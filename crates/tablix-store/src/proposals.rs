@@ -21,7 +21,7 @@ use rusqlite::Connection;
 
 /// Commands remembered: a proposal sent again comes within seconds of the
 /// first (a leader change), well inside this many Commands.
-pub(crate) const REMEMBERED: usize = 100_000;
+pub const REMEMBERED: usize = 100_000;
 
 /// The set, as the committed state holds it.
 #[derive(Debug, Default)]

@@ -1,14 +1,15 @@
 //! Three nodes over a network that loses requests and answers, delivers
 //! some twice, and holds each back a random time so that they overtake
 //! one another. Clients insert rows through every node, sending a write
-//! again (same stamp) until it is acknowledged; at the end every node
-//! holds every acknowledged row exactly once and the same state.
+//! again (same stamp) until it is acknowledged, and every acknowledgement
+//! carries the row its `RETURNING` gave the first time; at the end every
+//! node holds every acknowledged row exactly once and the same state.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tablix_raft::{ClusterNode, Faults, Start};
-use tablix_store::{CommandReply, Stamp, Stamped, Store, Value};
+use tablix_store::{CommandReply, Rows, Stamp, Stamped, StatementResult, Store, Value};
 
 use super::network::{eventually, form, start_impatient, start_with, stop};
 use super::{rows, runtime, sql};
@@ -62,13 +63,24 @@ fn a_lossy_duplicating_reordering_network_loses_and_doubles_no_acknowledged_writ
                             unix_nanos: 1_700_000_000_000_000_000 + k,
                             seed: 0xFA00_0000 + k as u64,
                         },
-                        sql(&[&format!("INSERT INTO t VALUES ({k})")]),
+                        sql(&[&format!("INSERT INTO t VALUES ({k}) RETURNING k")]),
                     );
                     let deadline = Instant::now() + Duration::from_secs(30);
                     while Instant::now() < deadline {
                         attempts += 1;
                         match node.propose(write.clone()).await {
-                            Ok(CommandReply::Sql(_) | CommandReply::Repeated) => {
+                            // A write sent again that was applied the first
+                            // time gets the first time's reply, its row.
+                            Ok(CommandReply::Sql(r)) => {
+                                assert_eq!(
+                                    r.statements[0].result,
+                                    StatementResult::Rows(Rows {
+                                        columns: vec!["k".into()],
+                                        types: vec!["integer".into()],
+                                        values: vec![vec![Value::Integer(k)]],
+                                    }),
+                                    "insert {k} (seed {seed:#x})"
+                                );
                                 acknowledged.push(k);
                                 break;
                             }
