@@ -179,6 +179,9 @@ pub struct ClusterStatus {
     pub term: u64,
     pub leader: Option<NodeId>,
     pub leader_addr: Option<String>,
+    /// The log's last entry, the last the state applied and the last a
+    /// snapshot holds, numbered as the store numbers them (from 1, as
+    /// `tablix_meta`'s `applied_index`), not as openraft does.
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
     pub snapshot_index: Option<u64>,
@@ -320,9 +323,15 @@ impl Shared {
             term: m.current_term,
             leader: m.current_leader,
             leader_addr,
-            last_log_index: m.last_log_index,
-            applied_index: m.last_applied.map(|l| l.index),
-            snapshot_index: m.snapshot.map(|l| l.index),
+            last_log_index: m
+                .last_log_index
+                .map(|i| crate::to_log(m.current_term, i).index),
+            applied_index: m
+                .last_applied
+                .map(|l| crate::to_log(l.leader_id.term, l.index).index),
+            snapshot_index: m
+                .snapshot
+                .map(|l| crate::to_log(l.leader_id.term, l.index).index),
             members,
             cluster_id: self.identity.get(),
             stopped: m.running_state.as_ref().err().map(|e| e.to_string()),

@@ -176,6 +176,14 @@ fn three_nodes_take_writes_through_any_node_and_survive_losing_the_leader() {
             nodes[2].0.handle().read_barrier(barrier).await.unwrap();
             assert_eq!(count(&nodes[2].1), 2 + n as i64, "{barrier:?}");
         }
+        // The status numbers entries as the store does.
+        for (node, store) in &nodes {
+            eventually("the status's applied index is the state's", || {
+                let held = store.applied_state().unwrap().applied.map(|l| l.index);
+                node.status().applied_index == held
+            })
+            .await;
+        }
         nodes[1]
             .0
             .propose(stamped(200, sql(&["DELETE FROM t WHERE x = 100"])))
