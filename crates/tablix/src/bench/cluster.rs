@@ -236,6 +236,32 @@ fn leader_of(nodes: &[Server], asked: &str) -> Option<usize> {
     nodes.iter().position(|s| s.http == api)
 }
 
+/// The entry a node says it applied last (`/status`).
+fn applied(agent: &ureq::Agent, http: &str) -> Option<u64> {
+    let text = agent
+        .get(format!("http://{http}/status"))
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["store"]["raft"]["applied_index"].as_u64()
+}
+
+/// Waits until the node at `http` applied what the leader at `leader`
+/// had applied when asked.
+fn caught_up(leader: &str, http: &str) -> anyhow::Result<()> {
+    let agent = ureq::Agent::new_with_defaults();
+    let target = applied(&agent, leader).context("the leader's status")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while applied(&agent, http).is_none_or(|a| a < target) {
+        if Instant::now() > deadline {
+            bail!("node {http} did not apply entry {target} within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
 fn post(agent: &ureq::Agent, url: &str, body: String) -> Option<String> {
     agent
         .post(url)
@@ -473,6 +499,9 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
                     }
                     let role = if i == leader { "leader" } else { "follower" };
                     let m = s.mount.as_deref().context("no mount")?;
+                    // The mounts read at level none: a follower still
+                    // applying the last run's removal would show its tree.
+                    caught_up(&nodes[leader].http, &s.http)?;
                     trees.push((format!("{n} node(s), {role}'s mount"), tree(m, &tar)?));
                 }
             }
