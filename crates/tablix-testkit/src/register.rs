@@ -104,9 +104,11 @@ impl History {
 
     /// Checks the history, searching for at most `limit` (on a history
     /// that is not linearizable the search can take long, so it runs on a
-    /// thread of its own). `Err` says why the history is not linearizable
-    /// or could not be checked; `seed` goes into the message.
-    pub fn check(&self, limit: Duration, seed: u64) -> Result<Checked, String> {
+    /// thread of its own). `Err` says why the history is not linearizable,
+    /// could not be checked, or holds no more than `at_least` operations
+    /// with a known outcome (too few to mean anything); `seed` goes into
+    /// the message.
+    pub fn check(&self, limit: Duration, seed: u64, at_least: usize) -> Result<Checked, String> {
         let events = std::mem::take(&mut *self.events());
         let invoked = events
             .iter()
@@ -143,6 +145,9 @@ impl History {
             )),
             Ok(Ok(false)) => Err(format!(
                 "the register's history is not linearizable (seed {seed:#x})"
+            )),
+            Ok(Ok(true)) if returned <= at_least => Err(format!(
+                "too few operations completed: {returned} (seed {seed:#x})"
             )),
             Ok(Ok(true)) => Ok(Checked {
                 invoked,
@@ -181,7 +186,7 @@ mod tests {
         h.returned(1, Ret::WriteOk);
         h.invoke(2, Op::Read);
         h.returned(2, Ret::ReadOk(0));
-        let e = h.check(Duration::from_secs(10), 1).unwrap_err();
+        let e = h.check(Duration::from_secs(10), 1, 0).unwrap_err();
         assert!(e.contains("not linearizable"), "{e}");
     }
 
@@ -197,7 +202,16 @@ mod tests {
         h.returned(4, Ret::ReadOk(5));
         h.invoke(5, Op::Cas(5, 6));
         h.returned(5, Ret::CasOk);
-        let c = h.check(Duration::from_secs(10), 1).unwrap();
+        let c = h.check(Duration::from_secs(10), 1, 0).unwrap();
         assert_eq!((c.invoked, c.returned), (4, 3));
+    }
+
+    #[test]
+    fn a_history_with_too_few_known_outcomes_is_refused() {
+        let h = History::default();
+        h.invoke(1, Op::Write(5));
+        h.returned(1, Ret::WriteOk);
+        let e = h.check(Duration::from_secs(10), 1, 1).unwrap_err();
+        assert!(e.contains("too few operations completed: 1"), "{e}");
     }
 }

@@ -290,15 +290,12 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
         }
 
         let limit = CHECK_LIMIT.max(Duration::from_secs(5 * seconds));
-        let checked = history.check(limit, seed).unwrap_or_else(|e| panic!("{e}"));
+        let checked = history
+            .check(limit, seed, 20)
+            .unwrap_or_else(|e| panic!("{e}"));
         eprintln!(
             "jepsen: {} register operations, {} with a known outcome, checked in {:?}",
             checked.invoked, checked.returned, checked.took
-        );
-        assert!(
-            checked.returned > 20,
-            "too few operations completed: {}",
-            checked.returned
         );
 
         let totals = std::mem::take(&mut *totals.lock().unwrap());

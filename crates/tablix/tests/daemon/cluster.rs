@@ -12,7 +12,7 @@ use crate::{BIN, Daemon, rows};
 
 /// A free loopback port (bound, then released) for a node's raft service,
 /// which keeps its address across restarts.
-pub(crate) fn free_raft_addr() -> String {
+fn free_raft_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
 }
@@ -25,6 +25,23 @@ pub(crate) struct Node {
 }
 
 impl Node {
+    /// Nodes 1 to 3 with data directories and mount points in `dir`, each
+    /// on a raft address of its own.
+    pub fn three(dir: &Path) -> Vec<Node> {
+        (1..=3u64)
+            .map(|id| {
+                let mnt = dir.join(format!("mnt{id}"));
+                std::fs::create_dir(&mnt).unwrap();
+                Node {
+                    id,
+                    data: dir.join(format!("data{id}")),
+                    mnt,
+                    raft: free_raft_addr(),
+                }
+            })
+            .collect()
+    }
+
     pub fn start(&self, how: &[&str]) -> Daemon {
         let id = self.id.to_string();
         let mut args = vec!["--node-id", &id, "--raft", &self.raft];
@@ -63,18 +80,7 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
         "three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader",
     );
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Vec<Node> = (1..=3u64)
-        .map(|id| {
-            let mnt = dir.path().join(format!("mnt{id}"));
-            std::fs::create_dir(&mnt).unwrap();
-            Node {
-                id,
-                data: dir.path().join(format!("data{id}")),
-                mnt,
-                raft: free_raft_addr(),
-            }
-        })
-        .collect();
+    let nodes = Node::three(dir.path());
     // Node 3's mount reads at level weak: a file written through another
     // mount is there at once when that write returned.
     let mut daemons: Vec<Option<Daemon>> = vec![

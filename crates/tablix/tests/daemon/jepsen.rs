@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tablix_testkit::register::{History, Op, Ret, Rng};
 
 use crate::Daemon;
-use crate::cluster::{Node, eventually, free_raft_addr, leader};
+use crate::cluster::{Node, eventually, leader};
 
 const ACCOUNTS: i64 = 5;
 const BALANCE: i64 = 100;
@@ -216,20 +216,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_while_daemons_are_ki
     let seed: u64 = 0x5EED_D1E5_2026;
     eprintln!("jepsen (daemons): seed {seed:#x}, {seconds} s of workload");
     let dir = tempfile::tempdir().unwrap();
-    let nodes: Arc<Vec<Node>> = Arc::new(
-        (1..=3u64)
-            .map(|id| {
-                let mnt = dir.path().join(format!("mnt{id}"));
-                std::fs::create_dir(&mnt).unwrap();
-                Node {
-                    id,
-                    data: dir.path().join(format!("data{id}")),
-                    mnt,
-                    raft: free_raft_addr(),
-                }
-            })
-            .collect(),
-    );
+    let nodes: Arc<Vec<Node>> = Arc::new(Node::three(dir.path()));
     let daemons: Arc<Mutex<Vec<Option<Daemon>>>> = Arc::new(Mutex::new(vec![
         Some(nodes[0].start(&["--bootstrap"])),
         Some(nodes[1].start(&["--join", &nodes[0].raft])),
@@ -399,16 +386,11 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_while_daemons_are_ki
         history.returned(thread, Ret::ReadOk(value.unwrap()));
     }
     let checked = history
-        .check(Duration::from_secs(60.max(5 * seconds)), seed)
+        .check(Duration::from_secs(60.max(5 * seconds)), seed, 20)
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
         "jepsen (daemons): {} register operations, {} with a known outcome ({unknown} writes unknown), checked in {:?}",
         checked.invoked, checked.returned, checked.took
-    );
-    assert!(
-        checked.returned > 20,
-        "too few operations completed: {}",
-        checked.returned
     );
     assert!(totals.len() > 10, "too few totals read: {}", totals.len());
     assert!(
