@@ -234,7 +234,7 @@ fn send(addr: &str, path: &str, body: &str) -> std::net::TcpStream {
 }
 
 fn status(d: &Daemon) -> Json {
-    let mut r = ureq::Agent::new_with_defaults()
+    let mut r = crate::http()
         .get(format!("http://{}/status", d.addr))
         .call()
         .unwrap();
@@ -313,7 +313,7 @@ fn runaway_queries_neither_freeze_the_mount_nor_outlive_their_client_or_sigterm(
             assert_eq!(o.stdout, name.as_bytes(), "{o:?}");
         }
         assert!(std::fs::read_dir(&mnt).unwrap().count() >= 20);
-        let ready = ureq::Agent::new_with_defaults()
+        let ready = crate::http()
             .get(format!("http://{}/readyz", d.addr))
             .call()
             .unwrap()
@@ -474,14 +474,8 @@ fn umount_stops_the_daemon_cleanly() {
     std::fs::write(mnt.join("kept"), b"after umount").unwrap();
     let st = Command::new("umount").arg(&mnt).status().unwrap();
     assert!(st.success());
-    let mut err = String::new();
-    d.child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
     let status = d.child.wait().unwrap();
+    let err = d.log();
     assert!(status.success(), "the daemon exited with {status}: {err}");
     assert!(!err.contains("failed"), "{err}");
     assert!(!data.join("daemon.json").exists());

@@ -23,6 +23,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_tablix");
 struct Daemon {
     child: Child,
     addr: String,
+    /// What the daemon writes to its standard error, read as it comes:
+    /// a daemon that logs more than a pipe holds never blocks on it.
+    log: Arc<Mutex<Vec<u8>>>,
+    drain: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -63,6 +67,16 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let drain = {
+            let (mut stderr, log) = (child.stderr.take().unwrap(), Arc::clone(&log));
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n @ 1..) = std::io::Read::read(&mut stderr, &mut buf) {
+                    log.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            })
+        };
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -78,12 +92,30 @@ impl Daemon {
             Some(addr) => Ok(Daemon {
                 addr: addr.to_string(),
                 child,
+                log,
+                drain: Some(drain),
             }),
             None => {
-                let out = child.wait_with_output().unwrap();
-                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+                let mut failed = Daemon {
+                    addr: String::new(),
+                    child,
+                    log,
+                    drain: Some(drain),
+                };
+                let _ = failed.child.wait();
+                Err(failed.log())
             }
         }
+    }
+
+    /// What the daemon logged so far; all of it once it has exited.
+    fn log(&mut self) -> String {
+        if self.child.try_wait().ok().flatten().is_some()
+            && let Some(drain) = self.drain.take()
+        {
+            let _ = drain.join();
+        }
+        String::from_utf8_lossy(&self.log.lock().unwrap()).into_owned()
     }
 
     /// Ends the daemon with SIGKILL: its own at its `TABLIX_KILL_AT`
@@ -109,27 +141,26 @@ impl Daemon {
         kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
-    /// SIGTERM, wait for a clean exit and return what it logged.
+    /// SIGTERM, wait for a clean exit (within 60 s) and return what it
+    /// logged.
     fn stop_with_log(mut self) -> String {
         self.signal(Signal::SIGTERM);
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        let status = wait_for_exit(&mut self.child, Duration::from_secs(60));
+        let log = self.log();
+        match status {
+            Some(status) if status.success() => log,
+            Some(status) => panic!("daemon exited with {status}; it logged:\n{log}"),
+            None => panic!("daemon still running 60 s after SIGTERM; it logged:\n{log}"),
         }
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "daemon exited with {status}");
-        err
     }
 
     /// SIGTERM and wait for a clean exit.
-    fn stop(mut self) {
-        self.signal(Signal::SIGTERM);
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "daemon exited with {status}");
+    fn stop(self) {
+        self.stop_with_log();
     }
 
     fn post(&self, path: &str, body: &str) -> serde_json::Value {
-        let agent = ureq::Agent::new_with_defaults();
+        let agent = crate::http();
         let mut r = agent
             .post(format!("http://{}{path}", self.addr))
             .header("Content-Type", "application/json")
@@ -140,27 +171,90 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// A daemon still running when its test ends (a failed assertion) is
+    /// killed, and what it logged is shown with the failure.
     fn drop(&mut self) {
+        let running = self.child.try_wait().ok().flatten().is_none();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if running && std::thread::panicking() {
+            let log = self.log();
+            let tail = &log[log.floor_char_boundary(log.len().saturating_sub(16 * 1024))..];
+            eprintln!(
+                "daemon {} (pid {}) was still running; the end of its log:\n{tail}",
+                self.addr,
+                self.child.id()
+            );
+        }
+    }
+}
+
+/// An HTTP client whose every request fails after a minute, instead of
+/// waiting forever on a daemon that stopped answering.
+fn http() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// How long any one command a test runs may take before the test fails
+/// (instead of hanging until CI gives up on it).
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `cmd` with `stdin` as its input, in a process group of its own;
+/// past `COMMAND_LIMIT` the test fails, showing where each process of
+/// the group waits, and the group is killed.
+fn output_within(cmd: &mut Command, stdin: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let feed = {
+        let (mut to, input) = (child.stdin.take().unwrap(), stdin.to_vec());
+        std::thread::spawn(move || {
+            let _ = to.write_all(&input);
+        })
+    };
+    let reader = |mut from: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = from.read_to_end(&mut all);
+            all
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().unwrap()));
+    let err = reader(Box::new(child.stderr.take().unwrap()));
+    let Some(status) = wait_for_exit(&mut child, COMMAND_LIMIT) else {
+        let group = child.id().to_string();
+        let ps = Command::new("ps")
+            .args(["-eo", "pgid,pid,stat,wchan:32,args"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| l.split_whitespace().next() == Some(group.as_str()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default();
+        let _ = kill(Pid::from_raw(-(child.id() as i32)), Signal::SIGKILL);
+        let _ = child.wait();
+        panic!("{cmd:?} still running after {COMMAND_LIMIT:?}; its processes:\n{ps}");
+    };
+    let _ = feed.join();
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
 }
 
 fn tablix(args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    output_within(Command::new(BIN).args(args), stdin.as_bytes())
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -400,7 +494,7 @@ fn acked_writes_until_death(mut d: Daemon, kills_itself: bool) -> BTreeSet<i64> 
     for w in 0..4u64 {
         let (acked, stop, addr) = (acked.clone(), stop.clone(), d.addr.clone());
         writers.push(std::thread::spawn(move || {
-            let agent = ureq::Agent::new_with_defaults();
+            let agent = crate::http();
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let id = run + w * 1_000_000_000 + i;
@@ -667,7 +761,8 @@ fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
             "{j}"
         );
         let status: serde_json::Value = {
-            let mut r = ureq::get(format!("http://{}/status", d.addr))
+            let mut r = crate::http()
+                .get(format!("http://{}/status", d.addr))
                 .call()
                 .unwrap();
             serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap()
@@ -761,12 +856,13 @@ fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process::Exi
 }
 
 fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
-    let o = Command::new(BIN)
-        .args(["fsck", "--data"])
-        .arg(data)
-        .args(extra)
-        .output()
-        .unwrap();
+    let o = output_within(
+        Command::new(BIN)
+            .args(["fsck", "--data"])
+            .arg(data)
+            .args(extra),
+        b"",
+    );
     let (out, err) = text(&o);
     (o.status.code(), format!("{out}{err}"))
 }
@@ -1016,7 +1112,7 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
 
 /// Rows of a query on the daemon's SQL API.
 fn rows(d: &Daemon, q: &str) -> Vec<Vec<serde_json::Value>> {
-    let agent = ureq::Agent::new_with_defaults();
+    let agent = crate::http();
     let mut r = agent
         .get(format!("http://{}/db/query", d.addr))
         .query("q", q)
@@ -1057,15 +1153,16 @@ fn wait_rows(
 }
 
 fn sh(script: &str) -> Output {
-    Command::new("sh").arg("-c").arg(script).output().unwrap()
+    output_within(Command::new("sh").arg("-c").arg(script), b"")
 }
 
 fn tablix_run(data: &Path, argv: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(["run", "--data", data.to_str().unwrap(), "--"])
-        .args(argv)
-        .output()
-        .unwrap()
+    output_within(
+        Command::new(BIN)
+            .args(["run", "--data", data.to_str().unwrap(), "--"])
+            .args(argv),
+        b"",
+    )
 }
 
 #[test]
@@ -1094,7 +1191,7 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
     // bash's exit statuses and process substitution (a pipe reopened
     // through /dev/fd).
     let script = "yes | head -1 >/dev/null; echo ${PIPESTATUS[@]}; while read l; do echo \"<$l>\"; done < <(seq 3)";
-    let want = Command::new("bash").arg("-c").arg(script).output().unwrap();
+    let want = output_within(Command::new("bash").arg("-c").arg(script), b"");
     let got = tablix_run(&data, &["bash", "-c", script]);
     assert_eq!(text(&got), text(&want));
     // They really were tablix pipes, reported to programs as FIFOs.
@@ -1148,7 +1245,7 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
         "the shell that called pipe() holds both ends"
     );
     kill(Pid::from_raw(-(running.id() as i32)), Signal::SIGTERM).unwrap();
-    running.wait().unwrap();
+    wait_for_exit(&mut running, COMMAND_LIMIT).expect("the pipeline outlived SIGTERM");
     wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
     d.stop();
 }
@@ -1366,38 +1463,11 @@ fn the_process_table_follows_forks_execs_and_exits() {
 fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let d = Command::new(BIN)
-        .args([
-            "up",
-            "--http",
-            "127.0.0.1:0",
-            "--process-poll-ms",
-            "50",
-            "--data",
-        ])
-        .arg(&data)
-        .env("TABLIX_LOG", "warn")
-        .env("TABLIX_PROCESS_POLL", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut d = {
-        let mut child = d;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split_whitespace()
-            .find_map(|w| {
-                w.strip_prefix("http=http://")
-                    .or_else(|| w.strip_prefix("http=https://"))
-            })
-            .expect("ready line")
-            .to_string();
-        Daemon { child, addr }
-    };
+    let d = Daemon::start_env(
+        &data,
+        &["--process-poll-ms", "50"],
+        &[("TABLIX_PROCESS_POLL", "1")],
+    );
     let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
     let pid = sleeper.id();
     wait_rows(
@@ -1416,10 +1486,7 @@ fn without_the_kernel_connector_the_process_table_polls_proc_and_says_so() {
         |r| !r.is_empty(),
     );
     assert_eq!(r[0], [serde_json::Value::Null, serde_json::Value::Null]);
-    d.signal(Signal::SIGTERM);
-    let mut err = String::new();
-    std::io::Read::read_to_string(d.child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(d.child.wait().unwrap().success());
+    let err = d.stop_with_log();
     assert!(err.contains("polling /proc every 50 ms"), "{err}");
     // As another user the daemon still starts and says where the process
     // table comes from: kernel events where the kernel allows unprivileged
