@@ -8,9 +8,12 @@
 //!   temporary directory;
 //! * [`TinyDisk`]: a small tmpfs, for full-disk tests (root);
 //! * [`register`]: a compare-and-set register's history and its
-//!   linearizability check, for Jepsen-style tests.
+//!   linearizability check, for Jepsen-style tests;
+//! * [`command`]: commands run within a time limit, so that a hang fails
+//!   its test with where it waits.
 
 mod api_server;
+pub mod command;
 pub mod register;
 pub mod require;
 mod tiny_disk;

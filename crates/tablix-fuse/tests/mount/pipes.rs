@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tablix_testkit::command::Limited;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
@@ -309,8 +310,7 @@ fn broken_pipe_raises_sigpipe_and_eof_follows_the_last_writer() {
                 "(head -c 5 > /dev/null) < {p} & yes > {p}; echo \"writer status $?\"",
                 p = p.display()
             ))
-            .output()
-            .unwrap();
+            .output_limited();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
             text.contains("writer status 141"),

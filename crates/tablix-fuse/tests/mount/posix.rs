@@ -9,6 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use tablix_testkit::command::Limited;
 
 use tablix_store::Durability;
 
@@ -645,11 +646,11 @@ fn record_locks_and_flock() {
                 "import fcntl,sys,os\nf=open(sys.argv[1],'r+')\ntry:\n fcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 5, 0)\n sys.exit(1)\nexcept OSError:\n pass\nfcntl.lockf(f, fcntl.LOCK_EX|fcntl.LOCK_NB, 5, 5)\n",
             )
             .arg(&p)
-            .status()
-            .expect("python3");
+            .output_limited();
         assert!(
-            status.success(),
-            "the other process must see the record lock and get the free range"
+            status.status.success(),
+            "the other process must see the record lock and get the free range: {}",
+            String::from_utf8_lossy(&status.stderr)
         );
     });
 }
@@ -773,9 +774,12 @@ assert b.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
             .arg("-c")
             .arg(script)
             .arg(f.path("app.db"))
-            .status()
-            .expect("python3");
-        assert!(status.success(), "SQLite on the mount failed");
+            .output_limited();
+        assert!(
+            status.status.success(),
+            "SQLite on the mount failed: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
     });
 }
 

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use tablix_testkit::command::Limited;
 
 use crate::{BIN, Daemon, rows};
 
@@ -53,7 +54,7 @@ impl Node {
 
 /// The leader the node at `raft` knows of.
 pub(crate) fn leader(raft: &str) -> Option<u64> {
-    let out = crate::output_within(
+    let out = tablix_testkit::command::output_within(
         std::process::Command::new(BIN).args(["cluster", "--raft", raft, "status", "--json"]),
         b"",
     );
@@ -72,7 +73,7 @@ fn led_by(nodes: &[Node], id: u64) {
             return true;
         }
         if let Some(Some(other)) = seen.iter().find(|l| l.is_some_and(|l| l != id)) {
-            let _ = crate::output_within(
+            let _ = tablix_testkit::command::output_within(
                 std::process::Command::new(BIN).args([
                     "cluster",
                     "--raft",
@@ -276,8 +277,7 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     led_by(&nodes, 1);
     let out = std::process::Command::new(BIN)
         .args(["sql", "--addr", &d3.addr, ".nodes", ".leader"])
-        .output()
-        .unwrap();
+        .output_limited();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert_eq!(
@@ -493,7 +493,7 @@ fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_
         if with_certificate {
             cmd.args(tls_args(2));
         }
-        cmd.output().unwrap()
+        cmd.output_limited()
     };
     eventually("two voters seen through TLS", || {
         let out = status(true);

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use tablix_testkit::command::Limited;
 
 use nix::sys::signal::Signal;
 use serde_json::Value as Json;
@@ -34,8 +35,7 @@ fn tablix_as(nobody: bool, args: &[&str]) -> Output {
     cmd.args(args)
         .env_remove("TABLIX_DATA")
         .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .output_limited()
 }
 
 /// A temporary directory other users can pass through (tempfile makes
@@ -128,8 +128,7 @@ fn sql_shows_each_user_what_the_file_system_would() {
             "cat",
         ])
         .arg(data.join("tablix.db"))
-        .output()
-        .unwrap();
+        .output_limited();
     assert!(!o.status.success(), "nobody read the database file");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"));
     d.stop();
@@ -298,8 +297,7 @@ fn runaway_queries_neither_freeze_the_mount_nor_outlive_their_client_or_sigterm(
             let o = Command::new("stat")
                 .args(["--cached=never", "-c", "%s"])
                 .arg(mnt.join(&name))
-                .output()
-                .unwrap();
+                .output_limited();
             assert_eq!(
                 String::from_utf8_lossy(&o.stdout).trim(),
                 name.len().to_string(),
@@ -308,8 +306,7 @@ fn runaway_queries_neither_freeze_the_mount_nor_outlive_their_client_or_sigterm(
             let o = Command::new("dd")
                 .arg(format!("if={}", mnt.join(&name).display()))
                 .args(["iflag=direct", "bs=4096", "status=none"])
-                .output()
-                .unwrap();
+                .output_limited();
             assert_eq!(o.stdout, name.as_bytes(), "{o:?}");
         }
         assert!(std::fs::read_dir(&mnt).unwrap().count() >= 20);
@@ -423,8 +420,7 @@ fn sandbox_escapes_over_the_socket_as_an_ordinary_user() {
                 body,
                 "http://localhost/db/execute",
             ])
-            .output()
-            .unwrap();
+            .output_limited();
         serde_json::from_slice(&o.stdout)
             .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&o.stdout)))
     };
@@ -497,8 +493,7 @@ fn isatty_on_a_mounted_file_is_enotty_without_a_word_in_the_log() {
         .arg("-c")
         .arg("import os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nprint(sum(os.isatty(fd) for _ in range(500)))")
         .arg(mnt.join("f"))
-        .output()
-        .unwrap();
+        .output_limited();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0", "{o:?}");
     let log = d.stop_with_log();
     assert!(
@@ -539,8 +534,7 @@ fn fsck_n_changes_nothing_and_checks_follow_fsck_8() {
     // Online, while the daemon serves: scrub reads every block, clean.
     let o = Command::new(BIN)
         .args(["scrub", "--data", data.to_str().unwrap()])
-        .output()
-        .unwrap();
+        .output_limited();
     assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
     assert!(text(&o).0.contains("0 damaged"), "{:?}", text(&o));
     // fsck refuses a running daemon's data: an operational error.
@@ -584,8 +578,7 @@ fn fsck_n_changes_nothing_and_checks_follow_fsck_8() {
     );
     let o = Command::new(BIN)
         .args(["scrub", "--data", data.to_str().unwrap()])
-        .output()
-        .unwrap();
+        .output_limited();
     assert_eq!(o.status.code(), Some(4), "{:?}", text(&o));
     assert!(text(&o).0.contains("/docs/report"), "{:?}", text(&o));
     let (code, out) = fsck(&data, &[]);

@@ -14,9 +14,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
+use tablix_testkit::command::{COMMAND_LIMIT, Limited, output_within, wait_for_exit};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tablix");
 
@@ -196,61 +198,6 @@ fn http() -> ureq::Agent {
         .timeout_global(Some(Duration::from_secs(60)))
         .build()
         .into()
-}
-
-/// How long any one command a test runs may take before the test fails
-/// (instead of hanging until CI gives up on it).
-const COMMAND_LIMIT: Duration = Duration::from_secs(120);
-
-/// Runs `cmd` with `stdin` as its input, in a process group of its own;
-/// past `COMMAND_LIMIT` the test fails, showing where each process of
-/// the group waits, and the group is killed.
-fn output_within(cmd: &mut Command, stdin: &[u8]) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let feed = {
-        let (mut to, input) = (child.stdin.take().unwrap(), stdin.to_vec());
-        std::thread::spawn(move || {
-            let _ = to.write_all(&input);
-        })
-    };
-    let reader = |mut from: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut all = Vec::new();
-            let _ = from.read_to_end(&mut all);
-            all
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().unwrap()));
-    let err = reader(Box::new(child.stderr.take().unwrap()));
-    let Some(status) = wait_for_exit(&mut child, COMMAND_LIMIT) else {
-        let group = child.id().to_string();
-        let ps = Command::new("ps")
-            .args(["-eo", "pgid,pid,stat,wchan:32,args"])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .filter(|l| l.split_whitespace().next() == Some(group.as_str()))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            })
-            .unwrap_or_default();
-        let _ = kill(Pid::from_raw(-(child.id() as i32)), Signal::SIGKILL);
-        let _ = child.wait();
-        panic!("{cmd:?} still running after {COMMAND_LIMIT:?}; its processes:\n{ps}");
-    };
-    let _ = feed.join();
-    Output {
-        status,
-        stdout: out.join().unwrap(),
-        stderr: err.join().unwrap(),
-    }
 }
 
 fn tablix(args: &[&str], stdin: &str) -> Output {
@@ -843,18 +790,6 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     d.stop();
 }
 
-/// The child's exit status once it exits, or `None` after `limit`.
-fn wait_for_exit(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let start = std::time::Instant::now();
-    while start.elapsed() < limit {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
 fn fsck(data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let o = output_within(
         Command::new(BIN)
@@ -1055,8 +990,7 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
         .arg(&data)
         .arg(&mnt)
         .args(["-o", "rw,nosuid,mode=async,bogus"])
-        .output()
-        .unwrap();
+        .output_limited();
     assert!(!o.status.success());
     assert!(
         text(&o).1.contains("unknown mount option \"bogus\""),
@@ -1067,8 +1001,7 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
         .arg(&data)
         .arg(&mnt)
         .args(["-o", "rw,noauto,mode=async"])
-        .output()
-        .unwrap();
+        .output_limited();
     assert!(o.status.success(), "{:?}", text(&o));
     std::fs::write(mnt.join("via-fstab"), b"mounted by the helper").unwrap();
     let record = std::fs::read_to_string(data.join("daemon.json")).unwrap();
@@ -1543,8 +1476,7 @@ fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
         .args(["-O2", "-Wall", "-Werror", "-o"])
         .arg(&prog)
         .arg(&src)
-        .output()
-        .unwrap();
+        .output_limited();
     assert!(
         cc.status.success(),
         "{}",
@@ -1557,7 +1489,7 @@ fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
         ("restart", "read x after 1 alarm(s)"),
         ("norestart", "EINTR after 1 alarm(s)"),
     ] {
-        let native = Command::new(&prog).arg(arg).output().unwrap();
+        let native = Command::new(&prog).arg(arg).output_limited();
         assert_eq!(text(&native).0.trim(), want, "kernel pipe, {arg}");
         let got = tablix_run(&data, &[prog.to_str().unwrap(), arg]);
         assert_eq!(
