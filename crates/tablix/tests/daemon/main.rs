@@ -14,10 +14,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
+
 use tablix_testkit::command::{COMMAND_LIMIT, Limited, output_within, wait_for_exit};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tablix");
