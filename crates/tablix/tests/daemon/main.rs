@@ -25,6 +25,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_tablix");
 struct Daemon {
     child: Child,
     addr: String,
+    data: std::path::PathBuf,
     /// What the daemon writes to its standard error, read as it comes:
     /// a daemon that logs more than a pipe holds never blocks on it.
     log: Arc<Mutex<Vec<u8>>>,
@@ -93,6 +94,7 @@ impl Daemon {
         }) {
             Some(addr) => Ok(Daemon {
                 addr: addr.to_string(),
+                data: data.to_path_buf(),
                 child,
                 log,
                 drain: Some(drain),
@@ -100,6 +102,7 @@ impl Daemon {
             None => {
                 let mut failed = Daemon {
                     addr: String::new(),
+                    data: data.to_path_buf(),
                     child,
                     log,
                     drain: Some(drain),
@@ -174,11 +177,15 @@ impl Daemon {
 
 impl Drop for Daemon {
     /// A daemon still running when its test ends (a failed assertion) is
-    /// killed, and what it logged is shown with the failure.
+    /// killed, and what it logged is shown with the failure. A failed
+    /// test's mounts are detached, so that no dead mount outlives it.
     fn drop(&mut self) {
         let running = self.child.try_wait().ok().flatten().is_none();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            detach_mounts_of(&self.data);
+        }
         if running && std::thread::panicking() {
             let log = self.log();
             let tail = &log[log.floor_char_boundary(log.len().saturating_sub(16 * 1024))..];
@@ -187,6 +194,24 @@ impl Drop for Daemon {
                 self.addr,
                 self.child.id()
             );
+        }
+    }
+}
+
+/// Detaches what is mounted from `data` (the daemon names its mounts
+/// after its data directory).
+fn detach_mounts_of(data: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    for line in info.lines() {
+        let Some((mount, fs)) = line.split_once(" - ") else {
+            continue;
+        };
+        if fs.split(' ').nth(1) == data.to_str()
+            && let Some(point) = mount.split(' ').nth(4)
+        {
+            let _ = Command::new("umount").args(["-l", point]).output_limited();
         }
     }
 }
