@@ -73,6 +73,10 @@ fn weight(reply: &CommandReply) -> usize {
                 })
                 .sum(),
             CommandReply::Failed(e) => e.to_string().len(),
+            CommandReply::Tx(
+                tablix_store::TxOutcome::Conflict(m) | tablix_store::TxOutcome::Refused(m),
+            ) => m.len(),
+            CommandReply::Tx(tablix_store::TxOutcome::Committed { .. }) => 0,
             CommandReply::Fs(_) | CommandReply::AppliedBefore | CommandReply::Repeated => 0,
         }
 }

@@ -14,7 +14,7 @@ use tablix_fs::FsOp;
 use tablix_log::LogId;
 
 use crate::budget::Limits;
-use crate::command::{ReplicatedCommand, SqlCommand, Stamped};
+use crate::command::{ReplicatedCommand, SqlCommand, Stamped, TxCommit};
 use crate::command_log::record_applied;
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
@@ -22,6 +22,7 @@ use crate::group::{self, BEGIN_WRITE};
 use crate::outcome::{FsResult, SqlReply};
 use crate::proposals::{Proposals, Recorded};
 use crate::sql_writer::SqlWriter;
+use crate::tx_writer::{TxOutcome, TxWriter};
 use crate::write_point::WriteProbe;
 use std::cell::RefCell;
 
@@ -63,6 +64,7 @@ pub enum EntryReply {
 pub enum CommandReply {
     Sql(SqlReply),
     Fs(FsResult),
+    Tx(TxOutcome),
     /// The Command failed without changing anything, for a reason of its
     /// own (not a failure of the node, which stops the whole application).
     Failed(String),
@@ -204,6 +206,7 @@ impl Mark {
 enum Run {
     Fs(Vec<Stamped<FsOp>>),
     Sql(Vec<Stamped<SqlCommand>>),
+    Tx(Vec<Stamped<TxCommit>>),
     /// Blank and membership entries: the last membership among them.
     Record(Option<Vec<u8>>),
     /// Commands applied before (`CommandReply::Repeated`).
@@ -214,6 +217,7 @@ enum Run {
 enum Item {
     Fs(Stamped<FsOp>),
     Sql(Stamped<SqlCommand>),
+    Tx(Stamped<TxCommit>),
     Record(Option<Vec<u8>>),
     Repeated,
 }
@@ -237,6 +241,7 @@ pub(crate) type FsWatch =
 pub(crate) struct Appliers<'a> {
     pub(crate) fs: &'a FsWriter,
     pub(crate) sql: &'a SqlWriter,
+    pub(crate) tx: &'a TxWriter,
     /// The bounds user SQL of the log runs under.
     pub(crate) limits: &'a Limits,
     /// Most bytes of results one SQL group holds.
@@ -351,6 +356,7 @@ pub(crate) fn apply(
                 .map(|c| match c.command {
                     ReplicatedCommand::Fs(op) => Item::Fs(Stamped::new(c.stamp, op)),
                     ReplicatedCommand::Sql(s) => Item::Sql(Stamped::new(c.stamp, s)),
+                    ReplicatedCommand::Tx(t) => Item::Tx(Stamped::new(c.stamp, t)),
                 })
                 .collect(),
         };
@@ -360,6 +366,7 @@ pub(crate) fn apply(
                 let seed = match &item {
                     Item::Fs(c) => Some(c.stamp.seed),
                     Item::Sql(c) => Some(c.stamp.seed),
+                    Item::Tx(c) => Some(c.stamp.seed),
                     _ => None,
                 };
                 let repeat =
@@ -404,11 +411,13 @@ pub(crate) fn apply(
             let seed = match &item {
                 Item::Fs(c) => Some(c.stamp.seed),
                 Item::Sql(c) => Some(c.stamp.seed),
+                Item::Tx(c) => Some(c.stamp.seed),
                 _ => None,
             };
             match (&mut run, item) {
                 (Some(Run::Fs(v)), Item::Fs(c)) if !full => v.push(c),
                 (Some(Run::Sql(v)), Item::Sql(c)) if !full => v.push(c),
+                (Some(Run::Tx(v)), Item::Tx(c)) if !full => v.push(c),
                 (Some(Run::Record(m)), Item::Record(new)) if !full => {
                     if new.is_some() {
                         *m = new;
@@ -424,6 +433,7 @@ pub(crate) fn apply(
                     run = Some(match item {
                         Item::Fs(c) => Run::Fs(vec![c]),
                         Item::Sql(c) => Run::Sql(vec![c]),
+                        Item::Tx(c) => Run::Tx(vec![c]),
                         Item::Record(m) => Run::Record(m),
                         Item::Repeated => Run::Repeated,
                     });
@@ -535,6 +545,34 @@ fn commit_run(
                 for (m, r) in marks[done..next].iter().zip(results) {
                     let reply = match r {
                         Ok(held) => CommandReply::Sql(held.reply),
+                        Err(e) => CommandReply::Failed(e.to_string()),
+                    };
+                    replies.push(m, Some(reply), skipped(m));
+                }
+                done = next;
+                reached(&marks[done - 1]);
+            }
+        }
+        Run::Tx(items) => {
+            let mut done = 0;
+            while done < items.len() {
+                let group: Vec<&Stamped<TxCommit>> = items[done..].iter().collect();
+                let base = done;
+                let results = to
+                    .tx
+                    .apply_group(
+                        &group,
+                        |conn, n| {
+                            record_group(to, conn, &marks[base..base + n], &seeds[base..base + n])
+                        },
+                        to.probe,
+                    )
+                    .map_err(|e| halted(done, e))?;
+                to.committed();
+                let next = progress(done, results.len()).map_err(|e| halted(done, e))?;
+                for (m, r) in marks[done..next].iter().zip(results) {
+                    let reply = match r {
+                        Ok(outcome) => CommandReply::Tx(outcome),
                         Err(e) => CommandReply::Failed(e.to_string()),
                     };
                     replies.push(m, Some(reply), skipped(m));

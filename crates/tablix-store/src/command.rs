@@ -81,6 +81,19 @@ pub enum ReplicatedCommand {
     Sql(SqlCommand),
     /// A file-system operation (the FUSE mount's writes).
     Fs(tablix_fs::FsOp),
+    /// The commit of an interactive transaction: its changes, validated
+    /// against the state and applied whole, or refused whole.
+    Tx(TxCommit),
+}
+
+/// What an interactive transaction changed, as SQLite's session extension
+/// encodes it (a changeset), each changed row whole as the transaction's
+/// snapshot had it: the writer applies it only if every such row is still
+/// so (first committer wins).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TxCommit {
+    #[serde(with = "serde_bytes")]
+    pub changeset: Vec<u8>,
 }
 
 // Node-local Commands (the daemon record, pipes, the process table)

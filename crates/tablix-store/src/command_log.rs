@@ -14,11 +14,12 @@ use tablix_fs::FsOp;
 use tablix_log::{Log, LogConfig, LogError, LogId, Recovered};
 
 use crate::apply_log::{self, Appliers, EntryPayload, LogEntry};
-use crate::command::{ReplicatedCommand, SqlCommand, Stamp, Stamped};
+use crate::command::{ReplicatedCommand, SqlCommand, Stamp, Stamped, TxCommit};
 use crate::config::{LogKeeper, StoreConfig};
 use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::sql_writer::SqlWriter;
+use crate::tx_writer::TxWriter;
 use crate::write_point::{WritePoint, WriteProbe};
 
 /// A typed failure of the node behind `e`, for the state machine's stop.
@@ -106,6 +107,7 @@ pub(crate) const SINGLE_NODE_TERM: u64 = 1;
 enum CommandRef<'a> {
     Sql(&'a SqlCommand),
     Fs(&'a FsOp),
+    Tx(&'a TxCommit),
 }
 
 #[derive(Serialize)]
@@ -287,6 +289,10 @@ impl CommandLog {
         self.append(CommandRef::Sql(&c.command), c.stamp)
     }
 
+    pub(crate) fn append_tx(&mut self, c: &Stamped<TxCommit>) -> Result<LogId, StoreError> {
+        self.append(CommandRef::Tx(&c.command), c.stamp)
+    }
+
     /// Makes every appended entry durable.
     pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
         match &mut self.log {
@@ -395,6 +401,7 @@ pub(crate) fn replay(
     log: &mut CommandLog,
     fs: &FsWriter,
     sql: &SqlWriter,
+    tx: &TxWriter,
     config: &StoreConfig,
 ) -> Result<(), StoreError> {
     let applied = applied(fs.connection())?;
@@ -436,6 +443,7 @@ pub(crate) fn replay(
     let to = Appliers {
         fs,
         sql,
+        tx,
         limits: &limits,
         budget: config.max_result_bytes,
         probe: &config.write_probe,

@@ -79,6 +79,16 @@ pub struct StoreConfig {
     /// Who keeps the log of replicated Commands: the store itself, or
     /// replication, which then hands the store committed entries.
     pub log_keeper: LogKeeper,
+    /// Most interactive transactions open at once.
+    pub max_transactions: usize,
+    /// An interactive transaction with no request for this long is
+    /// rolled back.
+    pub tx_idle_timeout: Duration,
+    /// An interactive transaction open this long is rolled back (it keeps
+    /// the WAL from being restarted).
+    pub tx_max_duration: Duration,
+    /// Most bytes of pages one interactive transaction may change.
+    pub tx_max_bytes: usize,
 }
 
 /// Who keeps the log of the store's replicated Commands.
@@ -96,6 +106,15 @@ pub enum LogKeeper {
 
 /// Default of [`StoreConfig::log_segment_bytes`]: 64 MiB.
 pub const DEFAULT_LOG_SEGMENT_BYTES: u64 = 64 << 20;
+
+/// Default of [`StoreConfig::max_transactions`].
+pub const DEFAULT_MAX_TRANSACTIONS: usize = 64;
+/// Default of [`StoreConfig::tx_idle_timeout`].
+pub const DEFAULT_TX_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`StoreConfig::tx_max_duration`].
+pub const DEFAULT_TX_MAX_DURATION: Duration = Duration::from_secs(300);
+/// Default of [`StoreConfig::tx_max_bytes`]: 64 MiB.
+pub const DEFAULT_TX_MAX_BYTES: usize = 64 << 20;
 
 /// Default of [`StoreConfig::read_timeout`].
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -128,6 +147,10 @@ impl StoreConfig {
             discard_damaged_log: false,
             write_probe: crate::WriteProbe::default(),
             log_keeper: LogKeeper::Store,
+            max_transactions: DEFAULT_MAX_TRANSACTIONS,
+            tx_idle_timeout: DEFAULT_TX_IDLE_TIMEOUT,
+            tx_max_duration: DEFAULT_TX_MAX_DURATION,
+            tx_max_bytes: DEFAULT_TX_MAX_BYTES,
         }
     }
 

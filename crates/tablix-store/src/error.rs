@@ -180,6 +180,11 @@ pub enum StoreError {
         "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); no file-system change is accepted until the store is reopened"
     )]
     PendingLost(SqliteFailure),
+    /// An interactive transaction cannot do what was asked: it is not
+    /// open (or not the caller's), it is busy with another request, or too
+    /// many are open.
+    #[error("{0}")]
+    Transaction(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -215,6 +220,7 @@ impl StoreError {
                 cause: cause.clone(),
             },
             StoreError::Busy(m) => StoreError::Busy(m.clone()),
+            StoreError::Transaction(m) => StoreError::Transaction(m.clone()),
             StoreError::Io(e) => StoreError::Io(match e.raw_os_error() {
                 Some(code) => std::io::Error::from_raw_os_error(code),
                 None => std::io::Error::new(e.kind(), e.to_string()),

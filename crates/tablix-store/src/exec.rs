@@ -420,7 +420,8 @@ fn bind(stmt: &mut rusqlite::Statement<'_>, params: &Params) -> Result<(), Strin
 
 /// A sink that gathers results, within a byte bound: for the writer, whose
 /// results wait for the commit, and for callers that want them whole.
-pub(crate) struct Collect {
+/// A sink that gathers results, within a bound on their bytes.
+pub struct Collect {
     limit: usize,
     used: usize,
     pub(crate) outcomes: Vec<StatementOutcome>,
@@ -429,7 +430,7 @@ pub(crate) struct Collect {
 }
 
 impl Collect {
-    pub(crate) fn new(limit: usize) -> Collect {
+    pub fn new(limit: usize) -> Collect {
         Collect {
             limit,
             used: 0,
@@ -437,6 +438,11 @@ impl Collect {
             result: None,
             rows: Rows::default(),
         }
+    }
+
+    /// The results gathered, one per statement.
+    pub fn into_outcomes(self) -> Vec<StatementOutcome> {
+        self.outcomes
     }
 
     /// Bytes of results gathered so far.

@@ -22,6 +22,7 @@
 mod apply_log;
 mod audit;
 mod budget;
+mod changeset;
 mod command;
 mod command_log;
 mod config;
@@ -46,6 +47,9 @@ mod stamp;
 mod state_machine;
 mod stats;
 mod store;
+mod transactions;
+mod tx_view;
+mod tx_writer;
 mod volatile;
 mod wal;
 mod write_point;
@@ -54,16 +58,17 @@ mod writer;
 pub use apply_log::{AppliedState, CommandReply, EntryPayload, EntryReply, FsApplied, LogEntry};
 pub use budget::{Cancel, Limits};
 pub use command::{
-    DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, Value,
+    DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, TxCommit, Value,
 };
 pub use command_log::applied as applied_entry;
 pub use config::{
-    DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MEMORY_LIMIT,
-    DEFAULT_READ_TIMEOUT, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, LogKeeper,
+    DEFAULT_LOG_SEGMENT_BYTES, DEFAULT_MAX_RESULT_BYTES, DEFAULT_MAX_TRANSACTIONS,
+    DEFAULT_MEMORY_LIMIT, DEFAULT_READ_TIMEOUT, DEFAULT_TX_IDLE_TIMEOUT, DEFAULT_TX_MAX_BYTES,
+    DEFAULT_TX_MAX_DURATION, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, LogKeeper,
     StoreConfig,
 };
 pub use error::{LogFailure, SqliteFailure, StoreError};
-pub use exec::{Cell, Sink, Stop};
+pub use exec::{Cell, Collect, Sink, Stop};
 pub use outcome::{FsResult, PipeResult, Rows, SqlReply, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
 pub use principal::{MAY_EXEC, MAY_READ, MAY_WRITE, Principal};
@@ -74,4 +79,6 @@ pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Propose, ProposeAnswer, Store, Ticket};
 pub use tablix_log::LogId;
+pub use transactions::{Transaction, TxInfo, TxKind, TxStats};
+pub use tx_writer::TxOutcome;
 pub use write_point::{WritePoint, WriteProbe};

@@ -203,7 +203,13 @@ pub(crate) struct State {
     pub(crate) ddl: bool,
     /// Message of the most recent denial, replacing SQLite's terse one.
     pub(crate) denial: Option<String>,
+    /// The connection runs an interactive transaction, whose changes
+    /// travel as a changeset: schema changes cannot, and are refused.
+    pub(crate) in_transaction: bool,
 }
+
+/// Why a schema change is refused inside an interactive transaction.
+const TX_DDL: &str = "schema changes (CREATE, ALTER, DROP) are not allowed inside an interactive transaction: its changes travel as a changeset of rows; run the schema change on its own, outside the transaction";
 
 /// Handle on an installed authorizer.
 #[derive(Clone)]
@@ -472,6 +478,7 @@ impl Policy {
                 principal,
                 ddl: false,
                 denial: None,
+                in_transaction: false,
             })),
             rules,
         };
@@ -487,12 +494,17 @@ impl Policy {
                 principal,
                 ddl,
                 denial,
+                in_transaction,
                 ..
             } = &mut *state;
             match hook
                 .rules
                 .decide(principal, ctx.action, ctx.database_name, ctx.accessor, ddl)
             {
+                Ok(()) if *ddl && *in_transaction => {
+                    *denial = Some(TX_DDL.into());
+                    Authorization::Deny
+                }
                 Ok(()) => Authorization::Allow,
                 Err(message) => {
                     *denial = Some(message);

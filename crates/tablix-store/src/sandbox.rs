@@ -73,6 +73,10 @@ pub(crate) enum Role {
     Reader,
     /// Prepares statements to tell whether they only read; never runs one.
     Classifier,
+    /// Runs an interactive transaction's statements on its private view
+    /// (`tx_view.rs`): read-write, its changes recorded, never the
+    /// writer's.
+    Transaction,
 }
 
 /// What /proc hides from other users, as it is mounted.
@@ -156,7 +160,7 @@ fn attach_image(conn: &mut Connection, image: &MemImage) -> rusqlite::Result<()>
 /// Field order matters: `conn` closes before the clock VFS it may use is
 /// unregistered.
 pub(crate) struct UserConn {
-    pub(crate) conn: Connection,
+    pub(crate) conn: tablix_vfs::RecordingConn,
     pub(crate) policy: Policy,
     pub(crate) guard: Arc<Guard>,
     /// The memory image attached as `mem`.
@@ -179,6 +183,17 @@ impl UserConn {
         role: Role,
         image: &MemImage,
     ) -> Result<UserConn, StoreError> {
+        UserConn::open_on(setup, role, image, None)
+    }
+
+    /// Opens a sandboxed connection on `uri` (a transaction's view), or
+    /// on the store's database when None.
+    pub(crate) fn open_on(
+        setup: &Setup,
+        role: Role,
+        image: &MemImage,
+        uri: Option<&str>,
+    ) -> Result<UserConn, StoreError> {
         let config = &setup.config;
         let clock = match role {
             Role::Writer => Some(
@@ -189,15 +204,22 @@ impl UserConn {
         };
         let mut flags = OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         flags |= match role {
-            Role::Writer => OpenFlags::SQLITE_OPEN_READ_WRITE,
-            _ => OpenFlags::SQLITE_OPEN_READ_ONLY,
+            Role::Writer | Role::Transaction => OpenFlags::SQLITE_OPEN_READ_WRITE,
+            Role::Reader | Role::Classifier => OpenFlags::SQLITE_OPEN_READ_ONLY,
         };
         let path = config.database_path();
         let vfs = clock.as_ref().map(ClockVfs::name).or(config.vfs.as_deref());
-        let mut conn = match vfs {
-            Some(v) => Connection::open_with_flags_and_vfs(&path, flags, v)?,
-            None => Connection::open_with_flags(&path, flags)?,
+        let mut conn = match (uri, vfs) {
+            (Some(uri), _) => Connection::open_with_flags(uri, flags)?,
+            (None, Some(v)) => Connection::open_with_flags_and_vfs(&path, flags, v)?,
+            (None, None) => Connection::open_with_flags(&path, flags)?,
         };
+        if role == Role::Transaction {
+            // The view keeps its journal in memory (its VFS refuses a file
+            // for it) and its pages between statements: it is the only
+            // connection of its database.
+            conn.pragma_update(None, "journal_mode", "MEMORY")?;
+        }
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         if role == Role::Writer {
             // Durability comes from the command log (see `fs_writer.rs`).
@@ -243,11 +265,14 @@ impl UserConn {
                 g.should_stop()
             }),
         )?;
-        if role != Role::Writer {
+        if matches!(role, Role::Reader | Role::Classifier) {
             conn.pragma_update(None, "query_only", true)?;
         }
+        if role == Role::Transaction {
+            policy.state().in_transaction = true;
+        }
         Ok(UserConn {
-            conn,
+            conn: tablix_vfs::RecordingConn::new(conn),
             policy,
             guard,
             mem_generation: image.generation,
@@ -264,7 +289,7 @@ impl UserConn {
         if image.generation <= self.mem_generation {
             return Ok(());
         }
-        attach_image(&mut self.conn, image)?;
+        attach_image(self.conn.conn_mut(), image)?;
         self.mem_generation = image.generation;
         Ok(())
     }
@@ -300,9 +325,12 @@ impl UserConn {
         Running {
             conn: self,
             _watched: watched,
-            // Only reads: a user write holds the write turn, which the
-            // mount's writes wait for, so it must not wait for idle CPU.
-            _lowered: (self.role == Role::Reader).then(tablix_sched::Lowered::enter),
+            // Only work that holds no turn of the writer: a user write
+            // holds the write turn, which the mount's writes wait for, so
+            // it must not wait for idle CPU. A transaction's statements
+            // run on its private view.
+            _lowered: matches!(self.role, Role::Reader | Role::Transaction)
+                .then(tablix_sched::Lowered::enter),
         }
     }
 

@@ -76,6 +76,10 @@ pub(crate) enum Proposal {
         Box<Stamped<tablix_fs::FsOp>>,
         Reply<crate::outcome::FsResult>,
     ),
+    Tx(
+        Box<Stamped<crate::command::TxCommit>>,
+        Reply<crate::tx_writer::TxOutcome>,
+    ),
 }
 
 /// Where the writer sends a Command's result.
@@ -94,11 +98,18 @@ pub(crate) type SqlItem = (
     Reply<crate::outcome::SqlReply>,
 );
 
+/// A gathered transaction commit: the changeset and its reply channel.
+pub(crate) type TxItem = (
+    Box<Stamped<crate::command::TxCommit>>,
+    Reply<crate::tx_writer::TxOutcome>,
+);
+
 /// Gathered proposals split by domain, each kind in the order received.
 #[derive(Default)]
 pub(crate) struct Dispatch {
     pub(crate) fs: Vec<FsItem>,
     pub(crate) sql: Vec<SqlItem>,
+    pub(crate) tx: Vec<TxItem>,
 }
 
 impl Dispatch {
@@ -106,11 +117,12 @@ impl Dispatch {
         match p {
             Proposal::Sql(c, limits, reply) => self.sql.push((c, limits, reply)),
             Proposal::Fs(c, reply) => self.fs.push((c, reply)),
+            Proposal::Tx(c, reply) => self.tx.push((c, reply)),
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.fs.len() + self.sql.len()
+        self.fs.len() + self.sql.len() + self.tx.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {

@@ -18,7 +18,9 @@ use tablix_pipe::PipeOp;
 use tablix_proc::ProcOp;
 
 use crate::apply_log::{AppliedState, CommandReply, EntryReply, FsApplied, FsWatch, LogEntry};
-use crate::command::{DaemonRecord, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement};
+use crate::command::{
+    DaemonRecord, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, TxCommit,
+};
 use crate::command_log::{self, CommandLog};
 use crate::config::{LogKeeper, StoreConfig};
 use crate::error::StoreError;
@@ -33,6 +35,8 @@ use crate::sandbox::{ProcVisibility, Role, Setup, UserConn};
 use crate::sql_writer::SqlWriter;
 use crate::state_machine::Proposal;
 use crate::stats::{Counters, StoreStats};
+use crate::transactions::{Finished, Transactions, TxInfo, TxKind, TxLimits, TxStats};
+use crate::tx_writer::{TxOutcome, TxWriter};
 use crate::volatile::{self, DaemonRecords, Pipes, Processes, Volatile};
 use crate::wal::WalFile;
 use crate::writer::{Request, Writer};
@@ -114,6 +118,10 @@ pub struct Store {
     /// replication runs (it holds the store: `close` lets it go).
     proposer: std::sync::RwLock<Option<Arc<dyn Propose>>>,
     fs_watch: FsWatch,
+    /// Interactive transactions, and the thread that rolls back the ones
+    /// idle or open too long.
+    transactions: Arc<Transactions>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
     _lock: DirLock,
 }
 
@@ -194,11 +202,22 @@ impl Store {
             readers.push(UserConn::open(&setup, Role::Reader, &image)?);
         }
         let readers = Pool::new(readers, "SQL reader");
+        let transactions = Arc::new(Transactions::new(
+            setup.clone(),
+            TxLimits {
+                max_open: config.max_transactions.max(1),
+                idle: config.tx_idle_timeout,
+                lifetime: config.tx_max_duration,
+                max_bytes: config.tx_max_bytes,
+            },
+            Arc::clone(&volatile),
+        ));
         let fs_readers = readers::open_fs_readers(&config, FS_READERS)?;
         let classifier = Mutex::new(UserConn::open(&setup, Role::Classifier, &image)?);
         let sql = SqlWriter {
             uc: UserConn::open(&setup, Role::Writer, &image)?,
         };
+        let tx_writer = TxWriter::open(&config)?;
         let state_applied = {
             let fs = fs.lock().map_err(|_| StoreError::Closed)?;
             command_log::applied(fs.connection())?
@@ -229,7 +248,7 @@ impl Store {
         }
         {
             let fs = fs.lock().map_err(|_| StoreError::Closed)?;
-            command_log::replay(&mut log, &fs, &sql, &config)?;
+            command_log::replay(&mut log, &fs, &sql, &tx_writer, &config)?;
         }
         let log = Arc::new(Mutex::new(log));
         let counters = Arc::new(Counters::default());
@@ -238,6 +257,7 @@ impl Store {
         let writer = Writer {
             fs: Arc::clone(&fs),
             sql,
+            tx: tx_writer,
             log: Arc::clone(&log),
             volatile: Arc::clone(&volatile),
             config: config.clone(),
@@ -249,6 +269,10 @@ impl Store {
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())
             .spawn(move || writer.run(rx))?;
+        let reaping = Arc::clone(&transactions);
+        let reaper = std::thread::Builder::new()
+            .name("tablix-tx-reaper".into())
+            .spawn(move || reaping.reap_until_closed())?;
         Ok(Store {
             config,
             fs,
@@ -263,6 +287,8 @@ impl Store {
             counters,
             proposer: std::sync::RwLock::new(None),
             fs_watch,
+            transactions,
+            reaper: Mutex::new(Some(reaper)),
             _lock: lock,
         })
     }
@@ -331,6 +357,27 @@ impl Store {
         }
         let (reply, rx) = oneshot::channel();
         match self.send(Request::Apply(Proposal::Fs(Box::new(stamped), reply))) {
+            Ok(()) => Ticket { rx },
+            Err(e) => Ticket::ready(Err(e)),
+        }
+    }
+
+    /// Queues an interactive transaction's commit for the writer's group
+    /// commit; the ticket resolves once its group has committed (or it was
+    /// refused, whole, as a conflict).
+    pub(crate) fn submit_tx(&self, stamped: Stamped<TxCommit>) -> Ticket<TxOutcome> {
+        if let Some(p) = self.proposer() {
+            let command = Stamped::new(stamped.stamp, ReplicatedCommand::Tx(stamped.command));
+            return through(p.as_ref(), command, |r| match r {
+                CommandReply::Tx(outcome) => Some(outcome),
+                _ => None,
+            });
+        }
+        if let Err(e) = self.proposable() {
+            return Ticket::ready(Err(e));
+        }
+        let (reply, rx) = oneshot::channel();
+        match self.send(Request::Apply(Proposal::Tx(Box::new(stamped), reply))) {
             Ok(()) => Ticket { rx },
             Err(e) => Ticket::ready(Err(e)),
         }
@@ -520,6 +567,77 @@ impl Store {
         }
     }
 
+    /// Begins an interactive transaction as `principal`: a read/write one
+    /// reads the state committed now plus its own writes and commits as
+    /// one changeset ([`Store::commit`]); a read-only one keeps reading
+    /// the state committed now. Neither holds the writer. Returns its id.
+    pub fn begin(&self, principal: &Principal, kind: TxKind) -> Result<String, StoreError> {
+        if !self.is_open() {
+            return Err(StoreError::Closed);
+        }
+        self.transactions.begin(principal, kind)
+    }
+
+    /// Runs statements inside transaction `id` as `principal` within
+    /// `limits`, handing results to `sink` as they come. A statement that
+    /// fails is undone alone; the transaction goes on.
+    pub fn run_in(
+        &self,
+        id: &str,
+        principal: &Principal,
+        statements: &[Statement],
+        limits: &Limits,
+        sink: &mut dyn Sink,
+    ) -> Result<(), StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        self.transactions
+            .run(id, principal, statements, limits, sink)
+    }
+
+    /// Commits transaction `id`: its changes are validated against the
+    /// state and applied whole by the writer, or refused whole as a
+    /// conflict (first committer wins). Blocks until the writer answers:
+    /// async code calls it from a blocking task.
+    pub fn commit(&self, id: &str, principal: &Principal) -> Result<TxOutcome, StoreError> {
+        let outcome = match self.transactions.finish(id, principal)? {
+            Finished::Nothing => return Ok(TxOutcome::Committed { rows: 0 }),
+            Finished::Changes(commit) => self.submit_tx(Stamped::new(Stamp::now(), commit)).wait(),
+        };
+        self.transactions.record_outcome(&outcome);
+        outcome
+    }
+
+    /// Rolls transaction `id` back: nothing of it is applied.
+    pub fn rollback(&self, id: &str, principal: &Principal) -> Result<(), StoreError> {
+        self.transactions.rollback(id, principal)
+    }
+
+    /// The open transactions `principal` may see (its own; root's: all).
+    pub fn transactions(&self, principal: &Principal) -> Vec<TxInfo> {
+        self.transactions.list(principal)
+    }
+
+    /// Counters of interactive transactions.
+    pub fn tx_stats(&self) -> TxStats {
+        self.transactions.stats()
+    }
+
+    /// Begins an interactive transaction for a program that links tablix:
+    /// the returned handle runs statements, commits or rolls back, and
+    /// rolls back if dropped open.
+    pub fn transaction(
+        &self,
+        principal: &Principal,
+        kind: TxKind,
+    ) -> Result<crate::transactions::Transaction<'_>, StoreError> {
+        let id = self.begin(principal, kind)?;
+        Ok(crate::transactions::Transaction::new(
+            self,
+            id,
+            principal.clone(),
+        ))
+    }
+
     /// Runs read-only user statements as `principal` within the
     /// configured read limits, on one snapshot, and gathers their results.
     pub fn query(
@@ -630,6 +748,10 @@ impl Store {
         }
         if let Ok(mut w) = self.fs_watch.lock() {
             w.take();
+        }
+        self.transactions.close();
+        if let Some(h) = self.reaper.lock().ok().and_then(|mut h| h.take()) {
+            let _ = h.join();
         }
         if let Ok(mut tx) = self.tx.lock() {
             tx.take();

@@ -22,8 +22,9 @@ use crate::error::{SqliteFailure, StoreError};
 use crate::fs_writer::FsWriter;
 use crate::proposals::Proposals;
 use crate::sql_writer::{Held, SqlWriter};
-use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem};
+use crate::state_machine::{Dispatch, FsItem, Grouped, Proposal, Reply, SqlItem, TxItem};
 use crate::stats::Counters;
+use crate::tx_writer::TxWriter;
 use crate::volatile::Volatile;
 use crate::wal::WalFile;
 use crate::write_point::WritePoint;
@@ -54,6 +55,7 @@ pub(crate) type Answer<T> = oneshot::Sender<Result<T, StoreError>>;
 pub(crate) struct Writer {
     pub(crate) fs: Arc<Mutex<FsWriter>>,
     pub(crate) sql: SqlWriter,
+    pub(crate) tx: TxWriter,
     /// The command log, and the write turn: held while either connection
     /// logs and writes a group or an async-mode operation. One write
     /// transaction at a time, entries appended in the order applied, and
@@ -195,7 +197,8 @@ impl Writer {
     }
 
     /// Commits what was gathered: the file system's Commands first, then
-    /// user SQL, each kind in the order received. Commands gathered
+    /// user SQL, then transactions' commits, each kind in the order
+    /// received. Commands gathered
     /// together were submitted concurrently (a submitter waits for its
     /// answer), so no submitter sees its own Commands reordered; and a file
     /// operation never waits for user writes that queued beside it.
@@ -205,6 +208,9 @@ impl Writer {
         }
         if !applies.sql.is_empty() {
             self.commit_sql(applies.sql);
+        }
+        if !applies.tx.is_empty() {
+            self.commit_tx(applies.tx);
         }
     }
 
@@ -283,6 +289,49 @@ impl Writer {
         })();
         let replies = group.into_iter().map(|(_, reply)| reply).collect();
         self.answer::<FsWriter, _>(replies, r, |reply| reply);
+    }
+
+    /// Logs a group of transaction commits, syncs the log, applies them
+    /// in one transaction that records the last entry, and answers.
+    fn commit_tx(&self, group: Vec<TxItem>) {
+        let r = (|| {
+            let mut log = self.log()?;
+            self.fs()?.commit_pending(&mut log)?;
+            log.running()?;
+            let items: Vec<&Stamped<crate::command::TxCommit>> =
+                group.iter().map(|(c, _)| c.as_ref()).collect();
+            let first = log.next_index();
+            let logged = (|| {
+                for item in &items {
+                    log.append_tx(item)?;
+                }
+                log.at(WritePoint::Appended);
+                log.sync()
+            })();
+            if let Err(e) = logged {
+                log.unlog_or_stop(first, &e);
+                return Err(e);
+            }
+            log.at(WritePoint::Synced);
+            let r = self.tx.apply_group(
+                &items,
+                |conn, n| command_log::record_applied(conn, CommandLog::id_at(first, n)),
+                log.probe(),
+            );
+            match &r {
+                Ok(done) => {
+                    log.applied_to(CommandLog::id_at(first, done.len()));
+                    log.at(WritePoint::Committed);
+                }
+                Err(e) => log.unlog_or_stop(first, e),
+            }
+            if let Ok(fs) = self.fs() {
+                self.purge_if_due(&mut log, &fs);
+            }
+            r
+        })();
+        let replies = group.into_iter().map(|(_, reply)| reply).collect();
+        self.answer::<TxWriter, _>(replies, r, |reply| reply);
     }
 
     fn commit_sql(&mut self, group: Vec<SqlItem>) {
@@ -411,7 +460,7 @@ impl Writer {
             })
             .filter_map(|c| match &c.command {
                 ReplicatedCommand::Sql(s) => Some(s),
-                ReplicatedCommand::Fs(_) => None,
+                ReplicatedCommand::Fs(_) | ReplicatedCommand::Tx(_) => None,
             });
         self.refresh_mem_for(sql);
         let mut log = self.log()?;
@@ -455,6 +504,7 @@ impl Writer {
         let to = Appliers {
             fs: &fs,
             sql: &self.sql,
+            tx: &self.tx,
             limits: &limits,
             budget: self.config.max_result_bytes,
             probe: &probe,

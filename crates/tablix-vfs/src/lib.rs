@@ -19,6 +19,13 @@
 //! queued behind one writer go before the next. DESIGN.md gives its state
 //! diagram and invariants.
 //!
+//! The overlay VFS (`tablix-overlay`, [`Overlay`]) gives an interactive
+//! transaction a private, writable view of one committed state of the
+//! database: unwritten pages come from a [`PageSource`], written ones stay
+//! in memory. [`RecordingConn`] records what a connection changes as a
+//! changeset (SQLite's session extension), and [`apply_changeset`] applies
+//! one whole or not at all.
+//!
 //! [`FaultVfs`] wraps the platform VFS for tests: it simulates power loss
 //! (dropping everything not synced) and I/O errors.
 #![allow(unsafe_code)]
@@ -27,6 +34,8 @@ mod clock;
 mod connection;
 mod fault;
 mod mem;
+mod overlay;
+mod session;
 
 pub use clock::{ClockVfs, VfsError, is_registered};
 pub use connection::{
@@ -37,3 +46,5 @@ pub use mem::{
     MEM_VFS_NAME, MemLockStats, WriteIntent, drop_mem_database, mem_lock_stats, register_mem_vfs,
     write_intent,
 };
+pub use overlay::{OVERLAY_VFS_NAME, Overlay, PageSource, register_overlay_vfs};
+pub use session::{ApplyError, ConflictKind, RecordingConn, apply_changeset, set_triggers};

@@ -3,8 +3,11 @@
 
 mod bounds;
 mod fs_faults;
+mod isolation;
 mod replicated;
 mod sandbox;
+mod transactions;
+mod tx_model;
 
 use std::sync::Arc;
 

@@ -1,0 +1,181 @@
+//! The writer of interactive transactions' commits: each `TxCommit` is a
+//! changeset, checked against the state and applied whole, or refused
+//! whole as a conflict, in groups on a connection of its own.
+//!
+//! No user SQL runs here. Triggers are off and foreign-key actions do not
+//! run: the changeset already holds what they did where the transaction
+//! ran; constraints and foreign keys are still checked.
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags};
+use serde::{Deserialize, Serialize};
+use tablix_vfs::{ApplyError, ConflictKind};
+
+use crate::changeset;
+use crate::command::{Stamp, Stamped, TxCommit};
+use crate::config::StoreConfig;
+use crate::error::{SqliteFailure, StoreError};
+use crate::group;
+use crate::state_machine::{Grouped, StateMachine};
+use crate::write_point::{WritePoint, WriteProbe};
+
+/// What committing an interactive transaction answered.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum TxOutcome {
+    /// Every change applied; how many rows changed.
+    Committed { rows: u64 },
+    /// Rows it changed were changed by another since its snapshot (or
+    /// its changes now break a constraint): nothing of it was applied,
+    /// and running it again may succeed.
+    Conflict(String),
+    /// It could not be applied for a reason of its own (a malformed
+    /// changeset): nothing of it was applied.
+    Refused(String),
+}
+
+impl TxOutcome {
+    pub fn is_committed(&self) -> bool {
+        matches!(self, TxOutcome::Committed { .. })
+    }
+}
+
+pub(crate) struct TxWriter {
+    conn: Connection,
+}
+
+/// The message of a conflict.
+fn conflict(kind: ConflictKind, table: &str) -> String {
+    let what = match kind {
+        ConflictKind::Data => format!(
+            "a row of {table} that this transaction changed was changed by another transaction since its snapshot"
+        ),
+        ConflictKind::NotFound => format!(
+            "a row of {table} that this transaction changed was deleted by another transaction since its snapshot"
+        ),
+        ConflictKind::Exists => format!(
+            "a row this transaction inserted into {table} has a key another transaction took since its snapshot"
+        ),
+        ConflictKind::Constraint => format!(
+            "this transaction's changes to {table} break a constraint together with what was committed since its snapshot"
+        ),
+        ConflictKind::ForeignKey => "this transaction's changes break a foreign key together with what was committed since its snapshot".to_string(),
+    };
+    format!("conflict: {what}; nothing of it was applied, run the transaction again")
+}
+
+impl TxWriter {
+    pub(crate) fn open(config: &StoreConfig) -> Result<TxWriter, StoreError> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let path = config.database_path();
+        let conn = match &config.vfs {
+            Some(v) => Connection::open_with_flags_and_vfs(&path, flags, v.as_str())?,
+            None => Connection::open_with_flags(&path, flags)?,
+        };
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        // Durability is the command log's (see `fs_writer.rs`).
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
+        conn.pragma_update(
+            None,
+            "wal_autocheckpoint",
+            crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
+        )?;
+        conn.pragma_update(None, "foreign_keys", true)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+        Ok(TxWriter { conn })
+    }
+
+    /// Applies commits as one group commit (see [`group::commit`]);
+    /// `record(conn, n)` records where the log stands once the first `n`
+    /// are applied.
+    pub(crate) fn apply_group(
+        &self,
+        items: &[&Stamped<TxCommit>],
+        record: impl Fn(&Connection, usize) -> rusqlite::Result<()>,
+        probe: &WriteProbe,
+    ) -> Result<Vec<Result<TxOutcome, StoreError>>, StoreError> {
+        let items: Vec<(&Stamped<TxCommit>, &())> = items.iter().map(|i| (*i, &())).collect();
+        group::commit(self, &items, usize::MAX, |conn, n| {
+            record(conn, n)?;
+            probe.at(WritePoint::Applied);
+            Ok(())
+        })
+    }
+}
+
+/// Interactive transactions' commits: a changeset, validated by value and
+/// applied whole.
+impl StateMachine for TxWriter {
+    type Op = TxCommit;
+    type Reply = TxOutcome;
+    type Bounds = ();
+
+    fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn apply(&self, _stamp: Stamp, op: &TxCommit, _: &()) -> Result<TxOutcome, StoreError> {
+        let tables = match changeset::parse(&op.changeset) {
+            Ok(t) => t,
+            Err(e) => return Ok(TxOutcome::Refused(e.to_string())),
+        };
+        // Every table as the changeset knows it, and every updated row
+        // whole as the snapshot had it: SQLite's apply skips a table whose
+        // columns changed, and compares only the columns an UPDATE
+        // changes.
+        match changeset::changed_rows(&self.conn, &tables) {
+            Ok(None) => {}
+            Ok(Some((table, gone))) => {
+                let kind = if gone {
+                    ConflictKind::NotFound
+                } else {
+                    ConflictKind::Data
+                };
+                return Ok(TxOutcome::Conflict(conflict(kind, &table)));
+            }
+            Err(changeset::Mismatch::Shape(why)) => {
+                return Ok(TxOutcome::Conflict(format!(
+                    "conflict: {why} since this transaction's snapshot; nothing of it was applied"
+                )));
+            }
+            Err(changeset::Mismatch::Failed(e)) => {
+                let failure = SqliteFailure::of(&e);
+                if failure.is_node_local() {
+                    return Err(StoreError::Failed(failure));
+                }
+                return Ok(TxOutcome::Refused(failure.message));
+            }
+        }
+        let rows = tables.iter().map(|t| t.changes.len() as u64).sum();
+        match tablix_vfs::apply_changeset(&self.conn, &op.changeset) {
+            Ok(()) => Ok(TxOutcome::Committed { rows }),
+            Err(ApplyError::Conflict { kind, table }) => {
+                Ok(TxOutcome::Conflict(conflict(kind, &table)))
+            }
+            Err(ApplyError::Sqlite { code, message }) => {
+                let failure = SqliteFailure {
+                    code: Some(code),
+                    message: format!("applying a transaction's changes: {message}"),
+                };
+                if failure.is_node_local() {
+                    Err(StoreError::Failed(failure))
+                } else {
+                    Ok(TxOutcome::Refused(failure.message))
+                }
+            }
+        }
+    }
+
+    fn refused(reply: &TxOutcome) -> bool {
+        !reply.is_committed()
+    }
+}
+
+impl Grouped for TxWriter {
+    fn ended(_reply: TxOutcome) -> TxOutcome {
+        TxOutcome::Refused("applying the transaction's changes ended the whole write transaction; nothing of it was applied".into())
+    }
+}

@@ -1,0 +1,263 @@
+//! Interactive transactions through the store's embedded API: private
+//! views, commits as changesets, conflicts, bounds and bad input.
+
+use tablix_store::{
+    Collect, Principal, Statement, StatementResult, Store, StoreConfig, StoreError, TxKind,
+    TxOutcome, Value,
+};
+
+use super::{rows, sql, stamp};
+
+pub(crate) fn store_with(dir: &std::path::Path, f: impl FnOnce(&mut StoreConfig)) -> Store {
+    let mut config = StoreConfig::new(dir.join("data"));
+    f(&mut config);
+    let store = Store::open(config).unwrap();
+    store
+        .apply_sql(
+            stamp(1),
+            sql(&[
+                "CREATE TABLE kv(k INTEGER PRIMARY KEY, v TEXT, w TEXT)",
+                "INSERT INTO kv VALUES (1, 'a', 'x'), (2, 'b', 'y'), (3, 'c', 'z')",
+            ]),
+        )
+        .unwrap();
+    store
+}
+
+pub(crate) fn value(r: &StatementResult) -> Vec<Vec<Value>> {
+    match r {
+        StatementResult::Rows(r) => r.values.clone(),
+        other => panic!("expected rows, got {other:?}"),
+    }
+}
+
+fn text(s: &str) -> Value {
+    Value::Text(s.into())
+}
+
+fn alice() -> Principal {
+    Principal {
+        name: "alice".into(),
+        uid: 1000,
+        gid: 1000,
+        groups: Vec::new(),
+        raw: false,
+    }
+}
+
+#[test]
+fn a_transaction_reads_its_own_writes_privately_and_commits_them_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |_| {});
+    let root = Principal::root();
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("UPDATE kv SET v = 'A' WHERE k = 1").unwrap();
+    tx.execute("INSERT INTO kv VALUES (4, 'd', 'w')").unwrap();
+    tx.execute("DELETE FROM kv WHERE k = 3").unwrap();
+    assert_eq!(
+        value(&tx.execute("SELECT v FROM kv ORDER BY k").unwrap()),
+        [[text("A")], [text("b")], [text("d")]]
+    );
+    // Nobody else sees them before COMMIT.
+    assert_eq!(
+        rows(&store, "SELECT v FROM kv ORDER BY k"),
+        [[text("a")], [text("b")], [text("c")]]
+    );
+    assert_eq!(tx.commit().unwrap(), TxOutcome::Committed { rows: 3 });
+    assert_eq!(
+        rows(&store, "SELECT v FROM kv ORDER BY k"),
+        [[text("A")], [text("b")], [text("d")]]
+    );
+    let s = store.tx_stats();
+    assert_eq!((s.begun, s.committed, s.open), (1, 1, 0));
+}
+
+#[test]
+fn the_first_committer_wins_and_the_second_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |_| {});
+    let root = Principal::root();
+    let t1 = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    let t2 = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    t1.execute("UPDATE kv SET v = 'one' WHERE k = 1").unwrap();
+    // T2 changes another column of the same row, and another row.
+    t2.execute("UPDATE kv SET w = 'two' WHERE k = 1").unwrap();
+    t2.execute("UPDATE kv SET v = 'two' WHERE k = 2").unwrap();
+    assert!(t1.commit().unwrap().is_committed());
+    match t2.commit().unwrap() {
+        TxOutcome::Conflict(m) => assert!(
+            m.contains("kv") && m.contains("run the transaction again"),
+            "{m}"
+        ),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        rows(&store, "SELECT v, w FROM kv WHERE k IN (1, 2) ORDER BY k"),
+        [[text("one"), text("x")], [text("b"), text("y")]]
+    );
+    // A plain write is a committer too.
+    let t3 = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    t3.execute("DELETE FROM kv WHERE k = 2").unwrap();
+    store
+        .apply_sql(stamp(2), sql(&["UPDATE kv SET w = 'plain' WHERE k = 2"]))
+        .unwrap();
+    assert!(matches!(t3.commit().unwrap(), TxOutcome::Conflict(_)));
+    assert_eq!(store.tx_stats().conflicts, 2);
+}
+
+#[test]
+fn rollback_leaves_nothing_and_a_dropped_handle_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |_| {});
+    let root = Principal::root();
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("DELETE FROM kv").unwrap();
+    tx.rollback().unwrap();
+    {
+        let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+        tx.execute("DELETE FROM kv").unwrap();
+    }
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM kv"),
+        [[Value::Integer(3)]]
+    );
+    let s = store.tx_stats();
+    assert_eq!((s.rolled_back, s.open), (2, 0));
+}
+
+#[test]
+fn read_only_transactions_keep_their_snapshot_and_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |_| {});
+    let root = Principal::root();
+    let ro = store.transaction(&root, TxKind::ReadOnly).unwrap();
+    assert_eq!(
+        value(&ro.execute("SELECT count(*) FROM kv").unwrap()),
+        [[Value::Integer(3)]]
+    );
+    store.apply_sql(stamp(2), sql(&["DELETE FROM kv"])).unwrap();
+    assert_eq!(
+        value(&ro.execute("SELECT count(*) FROM kv").unwrap()),
+        [[Value::Integer(3)]]
+    );
+    assert!(
+        ro.execute("INSERT INTO kv VALUES (9, 'n', 'n')")
+            .unwrap()
+            .is_error()
+    );
+    assert!(ro.commit().unwrap().is_committed());
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM kv"),
+        [[Value::Integer(0)]]
+    );
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |c| {
+        c.max_transactions = 2;
+        c.tx_max_bytes = 8 * 4096;
+    });
+    let root = Principal::root();
+    let limits = store.config().read_limits();
+    let mut sink = Collect::new(limits.max_result_bytes);
+    // No such transaction.
+    let e = store
+        .run_in(
+            "feed",
+            &root,
+            &[Statement::new("SELECT 1")],
+            &limits,
+            &mut sink,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Transaction(ref m) if m.contains("no open transaction")),
+        "{e}"
+    );
+    // Another user's transaction does not exist for them.
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    let e = store
+        .run_in(
+            tx.id(),
+            &alice(),
+            &[Statement::new("SELECT 1")],
+            &limits,
+            &mut sink,
+        )
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Transaction(_)), "{e}");
+    assert!(store.commit(tx.id(), &alice()).is_err());
+    assert!(store.rollback(tx.id(), &alice()).is_err());
+    // Too many open.
+    let other = store.begin(&root, TxKind::ReadOnly).unwrap();
+    let e = store.begin(&root, TxKind::ReadWrite).unwrap_err();
+    assert!(e.to_string().contains("--max-transactions"), "{e}");
+    store.rollback(&other, &root).unwrap();
+    // Schema changes and transaction control are refused inside; the
+    // transaction goes on.
+    match tx.execute("CREATE TABLE t2(x)").unwrap() {
+        StatementResult::Error(m) => assert!(
+            m.contains("not allowed inside an interactive transaction"),
+            "{m}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(tx.execute("BEGIN").unwrap().is_error());
+    // Past the size bound: the statement fails, the transaction goes on.
+    match tx
+        .execute("UPDATE kv SET v = hex(zeroblob(3000)) || k")
+        .unwrap()
+    {
+        StatementResult::Error(m) => assert!(m.contains("--tx-max-bytes"), "{m}"),
+        StatementResult::Executed { .. } => {
+            // Three rows fit: grow it until they do not.
+            let r = tx
+                .execute("WITH RECURSIVE n(i) AS (SELECT 10 UNION ALL SELECT i + 1 FROM n WHERE i < 400) INSERT INTO kv SELECT i, hex(zeroblob(500)), '' FROM n")
+                .unwrap();
+            assert!(
+                matches!(r, StatementResult::Error(ref m) if m.contains("--tx-max-bytes")),
+                "{r:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(store.tx_stats().too_large >= 1);
+    tx.execute("UPDATE kv SET v = 'small' WHERE k = 1").unwrap();
+    assert!(tx.commit().unwrap().is_committed());
+    assert_eq!(
+        rows(&store, "SELECT v FROM kv WHERE k = 1"),
+        [[text("small")]]
+    );
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 't2'"
+        ),
+        [[Value::Integer(0)]]
+    );
+}
+
+#[test]
+fn idle_transactions_are_rolled_back_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |c| {
+        c.tx_idle_timeout = std::time::Duration::from_millis(300);
+    });
+    let root = Principal::root();
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("DELETE FROM kv").unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.tx_stats().open > 0 && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let e = tx.execute("SELECT 1").unwrap_err();
+    assert!(e.to_string().contains("--tx-idle-timeout"), "{e}");
+    assert!(tx.commit().is_err());
+    assert_eq!(store.tx_stats().idle_timeouts, 1);
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM kv"),
+        [[Value::Integer(3)]]
+    );
+}
