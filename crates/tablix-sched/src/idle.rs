@@ -101,13 +101,27 @@ pub const GIVE_WAY_EVERY: Duration = Duration::from_micros(100);
 thread_local! {
     /// While a [`Lowered`] lives on this thread: when it last gave way.
     static GAVE_WAY: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// A [`Lowered::after`] guard not yet lowered: when it is to be.
+    static LOWER_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// The nice value a [`Lowered::after`] guard lowered the thread from.
+    static LOWERED_FROM: Cell<Option<i32>> = const { Cell::new(None) };
 }
 
 /// Yields the CPU if the calling thread is lowered and has not yielded for
-/// [`GIVE_WAY_EVERY`]; otherwise returns at once (no system call).
+/// [`GIVE_WAY_EVERY`]; otherwise returns at once (no system call). A
+/// thread whose [`Lowered::after`] delay has passed is lowered first.
 /// Returns whether it yielded.
 pub fn give_way() -> bool {
-    if !due(Instant::now()) {
+    let now = Instant::now();
+    if let Some(at) = LOWER_AT.get()
+        && now >= at
+    {
+        LOWER_AT.set(None);
+        if may_restore() {
+            LOWERED_FROM.set(idle());
+        }
+    }
+    if !due(now) {
         return false;
     }
     std::thread::yield_now();
@@ -129,6 +143,8 @@ fn due(now: Instant) -> bool {
 #[must_use = "the thread is lowered only while the guard lives"]
 pub struct Lowered {
     nice: Option<i32>,
+    /// Lowered by [`give_way`] once its delay passed, if at all.
+    later: bool,
     /// What the mark was before: an enclosing guard's.
     was: Option<Instant>,
     /// Dropped on the thread it lowered: the policy and the thread-local
@@ -141,6 +157,23 @@ impl Lowered {
         let was = GAVE_WAY.replace(Some(Instant::now()));
         Lowered {
             nice: if may_restore() { idle() } else { None },
+            later: false,
+            was,
+            _thread: PhantomData,
+        }
+    }
+
+    /// Gives way from now on, as [`Lowered::enter`], but enters
+    /// `SCHED_IDLE` only at the first [`give_way`] after `delay`: work
+    /// shorter than that pays no scheduler call. Not nested in another
+    /// guard of its kind.
+    pub fn after(delay: Duration) -> Lowered {
+        let now = Instant::now();
+        let was = GAVE_WAY.replace(Some(now));
+        LOWER_AT.set(Some(now + delay));
+        Lowered {
+            nice: None,
+            later: true,
             was,
             _thread: PhantomData,
         }
@@ -150,6 +183,10 @@ impl Lowered {
 impl Drop for Lowered {
     fn drop(&mut self) {
         GAVE_WAY.set(self.was);
+        if self.later {
+            LOWER_AT.set(None);
+            self.nice = LOWERED_FROM.take();
+        }
         if let Some(nice) = self.nice
             && let Err(e) = restore(nice)
         {
@@ -183,6 +220,32 @@ mod tests {
                 }
             }
             assert_eq!(now(), before);
+        })
+        .join()
+        .expect("the test thread");
+    }
+
+    #[test]
+    fn a_thread_lowered_later_is_lowered_only_once_its_delay_passed() {
+        std::thread::spawn(|| {
+            let before = now();
+            {
+                let _low = Lowered::after(Duration::from_secs(3600));
+                give_way();
+                assert_eq!(now(), before, "lowered before its delay");
+            }
+            assert_eq!(now(), before);
+            {
+                let _low = Lowered::after(Duration::ZERO);
+                give_way();
+                let during = now().0;
+                if may_restore() {
+                    assert_eq!(during, Some(policy(NormalThreadSchedulePolicy::Idle)));
+                } else {
+                    assert_eq!(during, before.0, "lowered without a way back");
+                }
+            }
+            assert_eq!(now(), before, "the policy came back");
         })
         .join()
         .expect("the test thread");

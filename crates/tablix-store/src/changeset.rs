@@ -495,6 +495,248 @@ pub(crate) fn changed_rows(
     Ok(None)
 }
 
+/// Why a changeset was not applied (nothing of it was, once the caller
+/// rolls back its savepoint).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// A change met another state than it names.
+    Conflict(tablix_vfs::ConflictKind, String),
+    /// A table is not as the changeset knows it.
+    Shape(String),
+    /// SQLite failed.
+    Failed(rusqlite::Error),
+}
+
+impl From<Mismatch> for Refusal {
+    fn from(m: Mismatch) -> Refusal {
+        match m {
+            Mismatch::Shape(s) => Refusal::Shape(s),
+            Mismatch::Failed(e) => Refusal::Failed(e),
+        }
+    }
+}
+
+/// The SQL of one change, its parameters, and how a change that touched
+/// no row is told apart (its key).
+fn change_sql(t: &Table, shape: &Shape, c: &Change) -> (String, Vec<rusqlite::types::Value>) {
+    let cols: Vec<String> = shape.columns.iter().map(|c| quoted(c)).collect();
+    let name = quoted(&t.name);
+    let mut args = Vec::new();
+    let mut filter = Vec::new();
+    let whole_row = |args: &mut Vec<rusqlite::types::Value>, filter: &mut Vec<String>| {
+        for (i, v) in c.old.iter().enumerate() {
+            if let Some(v) = v {
+                args.push(v.to_sql());
+                filter.push(format!("{} IS ?{}", cols[i], args.len()));
+            }
+        }
+    };
+    match c.op {
+        Op::Insert => {
+            let mut names = Vec::new();
+            for (i, v) in c.new.iter().enumerate() {
+                if let Some(v) = v {
+                    args.push(v.to_sql());
+                    names.push(cols[i].clone());
+                }
+            }
+            let marks: Vec<String> = (1..=args.len()).map(|n| format!("?{n}")).collect();
+            (
+                format!(
+                    "INSERT INTO main.{name}({}) VALUES ({})",
+                    names.join(", "),
+                    marks.join(", ")
+                ),
+                args,
+            )
+        }
+        Op::Delete => {
+            whole_row(&mut args, &mut filter);
+            (
+                format!("DELETE FROM main.{name} WHERE {}", filter.join(" AND ")),
+                args,
+            )
+        }
+        Op::Update => {
+            let mut set = Vec::new();
+            for (i, v) in c.new.iter().enumerate() {
+                if let Some(v) = v {
+                    args.push(v.to_sql());
+                    set.push(format!("{} = ?{}", cols[i], args.len()));
+                }
+            }
+            whole_row(&mut args, &mut filter);
+            (
+                format!(
+                    "UPDATE main.{name} SET {} WHERE {}",
+                    set.join(", "),
+                    filter.join(" AND ")
+                ),
+                args,
+            )
+        }
+    }
+}
+
+/// Whether a row with the key `old` names is in `t`.
+fn key_exists(
+    conn: &Connection,
+    t: &Table,
+    shape: &Shape,
+    old: &[Option<Val>],
+) -> rusqlite::Result<bool> {
+    let mut args = Vec::new();
+    let mut filter = Vec::new();
+    for (i, pk) in t.pk.iter().enumerate() {
+        if *pk && let Some(Some(v)) = old.get(i) {
+            args.push(v.to_sql());
+            filter.push(format!("{} IS ?{}", quoted(&shape.columns[i]), args.len()));
+        }
+    }
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM main.{} WHERE {})",
+        quoted(&t.name),
+        filter.join(" AND ")
+    );
+    conn.prepare_cached(&sql)?
+        .query_row(rusqlite::params_from_iter(args), |r| r.get(0))
+}
+
+/// Applies `tables` on `conn`, inside a savepoint the caller opened and
+/// rolls back on `Err`: every change, or none. Each UPDATE and DELETE
+/// takes effect only on its row as it names it whole (the old values
+/// [`complete_old_rows`] filled in), and each INSERT only on a free key;
+/// anything else is a conflict. A change that breaks a constraint (a
+/// foreign key whose row comes later in the changeset, two unique values
+/// swapped) is tried again once the others are applied, as SQLite's own
+/// apply does; one that still does is a conflict. Statements are kept
+/// prepared (SQLite's apply prepares its own at every call, and expires
+/// every prepared statement of the connection twice, setting
+/// `defer_foreign_keys`). For a schema with foreign-key actions the
+/// caller uses SQLite's apply instead: actions must not run again.
+pub(crate) fn apply(
+    conn: &Connection,
+    tables: &[Table],
+    shapes: &mut ShapeCache,
+) -> Result<(), Refusal> {
+    let mut later: Vec<(&Table, &Change)> = Vec::new();
+    for t in tables {
+        let shape = shapes.get(conn, t)?;
+        for c in &t.changes {
+            if apply_one(conn, t, &shape, c)?.is_some() {
+                later.push((t, c));
+            }
+        }
+    }
+    // Changes that broke a constraint, tried again while any succeeds.
+    while !later.is_empty() {
+        let before = later.len();
+        let mut still = Vec::new();
+        let mut last = None;
+        for (t, c) in later {
+            let shape = shapes.get(conn, t)?;
+            if let Some(code) = apply_one(conn, t, &shape, c)? {
+                last = Some((code, t.name.clone()));
+                still.push((t, c));
+            }
+        }
+        if still.len() == before {
+            let (code, table) = last.unwrap_or_default();
+            let kind = if code == rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY {
+                tablix_vfs::ConflictKind::ForeignKey
+            } else {
+                tablix_vfs::ConflictKind::Constraint
+            };
+            return Err(Refusal::Conflict(kind, table));
+        }
+        later = still;
+    }
+    Ok(())
+}
+
+/// Applies one change. `Ok(Some(code))`: it broke a constraint (SQLite's
+/// extended code) and may succeed once later changes are applied.
+fn apply_one(
+    conn: &Connection,
+    t: &Table,
+    shape: &Shape,
+    c: &Change,
+) -> Result<Option<i32>, Refusal> {
+    let (sql, args) = change_sql(t, shape, c);
+    let mut st = conn.prepare_cached(&sql).map_err(Refusal::Failed)?;
+    match st.execute(rusqlite::params_from_iter(args)) {
+        Ok(0) => {
+            // An UPDATE or DELETE that found its row changed or gone.
+            let exists = key_exists(conn, t, shape, &c.old).map_err(Refusal::Failed)?;
+            let kind = if exists {
+                tablix_vfs::ConflictKind::Data
+            } else {
+                tablix_vfs::ConflictKind::NotFound
+            };
+            Err(Refusal::Conflict(kind, t.name.clone()))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => match e.sqlite_error() {
+            Some(f)
+                if c.op == Op::Insert
+                    && matches!(
+                        f.extended_code,
+                        rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                            | rusqlite::ffi::SQLITE_CONSTRAINT_ROWID
+                    ) =>
+            {
+                Err(Refusal::Conflict(
+                    tablix_vfs::ConflictKind::Exists,
+                    t.name.clone(),
+                ))
+            }
+            Some(f) if f.code == rusqlite::ErrorCode::ConstraintViolation => {
+                Ok(Some(f.extended_code))
+            }
+            _ => Err(Refusal::Failed(e)),
+        },
+    }
+}
+
+/// Tables' shapes as of one schema version.
+#[derive(Default)]
+pub(crate) struct ShapeCache {
+    version: Option<i64>,
+    shapes: std::collections::HashMap<String, Shape>,
+}
+
+impl ShapeCache {
+    /// Forgets every shape if the schema changed since they were read.
+    pub(crate) fn check_version(&mut self, conn: &Connection) -> rusqlite::Result<()> {
+        let v: i64 = conn
+            .prepare_cached("PRAGMA schema_version")?
+            .query_row([], |r| r.get(0))?;
+        if self.version != Some(v) {
+            self.shapes.clear();
+            self.version = Some(v);
+        }
+        Ok(())
+    }
+
+    /// `t`'s shape, if it is still as the changeset knows it.
+    fn get(&mut self, conn: &Connection, t: &Table) -> Result<Shape, Refusal> {
+        if !self.shapes.contains_key(&t.name) {
+            let shape = table_shape(conn, &t.name)
+                .map_err(Refusal::Failed)?
+                .ok_or_else(|| Refusal::Shape(format!("table {} was dropped", t.name)))?;
+            self.shapes.insert(t.name.clone(), shape);
+        }
+        let shape = &self.shapes[&t.name];
+        if shape.pk != t.pk {
+            return Err(Refusal::Shape(format!(
+                "table {} changed its columns",
+                t.name
+            )));
+        }
+        Ok(shape.clone())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,6 +64,13 @@ const LONG_WRITE: std::time::Duration = std::time::Duration::from_millis(1);
 /// the next tick (`tablix_sched::slice`).
 const LONG_WRITE_SLICE: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How long a transaction's request runs at normal priority before it is
+/// lowered (`SCHED_IDLE`, as a read request's is from its start): under
+/// it, entering and leaving cost a fifth of a five-statement transaction's
+/// time (measured with `tablix bench tps`), and a query this short cannot
+/// hold the mount's threads back for longer than one scheduler call.
+const TX_LOWER_AFTER: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// What the connection does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -328,9 +335,14 @@ impl UserConn {
             // Only work that holds no turn of the writer: a user write
             // holds the write turn, which the mount's writes wait for, so
             // it must not wait for idle CPU. A transaction's statements
-            // run on its private view.
-            _lowered: matches!(self.role, Role::Reader | Role::Transaction)
-                .then(tablix_sched::Lowered::enter),
+            // run on its private view, most of them short and each a
+            // request of its own: they are lowered once they have run
+            // TX_LOWER_AFTER, so a short one pays no scheduler call.
+            _lowered: match self.role {
+                Role::Reader => Some(tablix_sched::Lowered::enter()),
+                Role::Transaction => Some(tablix_sched::Lowered::after(TX_LOWER_AFTER)),
+                Role::Writer | Role::Classifier => None,
+            },
         }
     }
 

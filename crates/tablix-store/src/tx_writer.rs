@@ -39,8 +39,24 @@ impl TxOutcome {
     }
 }
 
+/// The transaction writer's page cache, in KiB as `PRAGMA cache_size`
+/// takes it (negative): 64 MiB, as the file system's writer.
+const TX_WRITER_CACHE_KIB: i64 = -65536;
+
 pub(crate) struct TxWriter {
     conn: Connection,
+    /// Whether some table's foreign key has an action, by the schema
+    /// version it was found for.
+    fk_actions: std::cell::Cell<Option<(i64, bool)>>,
+    /// Tables as changesets see them, for the current schema.
+    shapes: std::cell::RefCell<changeset::ShapeCache>,
+}
+
+/// The message of a conflict with a table's shape.
+fn shape_conflict(why: &str) -> String {
+    format!(
+        "conflict: {why} since this transaction's snapshot; nothing of it was applied, run the transaction again"
+    )
 }
 
 /// The message of a conflict.
@@ -83,9 +99,47 @@ impl TxWriter {
             crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
         )?;
         conn.pragma_update(None, "foreign_keys", true)?;
+        // A commit's savepoint journals every page it changes: at most
+        // --tx-max-bytes, kept in memory rather than spilled to a
+        // temporary file on every commit. No user SQL runs here, so
+        // nothing else is temporary.
+        conn.pragma_update(None, "temp_store", "MEMORY")?;
+        // Every commit reads the pages its rows are on, and the view that
+        // ran it read them moments before: a cache the size of the file
+        // system writer's keeps them.
+        conn.pragma_update(None, "cache_size", TX_WRITER_CACHE_KIB)?;
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)?;
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
-        Ok(TxWriter { conn })
+        Ok(TxWriter {
+            conn,
+            fk_actions: std::cell::Cell::new(None),
+            shapes: std::cell::RefCell::new(changeset::ShapeCache::default()),
+        })
+    }
+
+    /// Whether a foreign key of some table has an action other than NO
+    /// ACTION (which must not run again when a changeset that holds its
+    /// effects is applied), as of the current schema.
+    fn fk_actions(&self) -> rusqlite::Result<bool> {
+        let version: i64 = self
+            .conn
+            .prepare_cached("PRAGMA schema_version")?
+            .query_row([], |r| r.get(0))?;
+        if let Some((v, any)) = self.fk_actions.get()
+            && v == version
+        {
+            return Ok(any);
+        }
+        let any: bool = self
+            .conn
+            .prepare(
+                "SELECT EXISTS (SELECT 1 FROM main.sqlite_schema AS s, pragma_foreign_key_list(s.name, 'main') AS f
+                  WHERE s.type = 'table'
+                    AND (upper(f.on_delete) <> 'NO ACTION' OR upper(f.on_update) <> 'NO ACTION'))",
+            )?
+            .query_row([], |r| r.get(0))?;
+        self.fk_actions.set(Some((version, any)));
+        Ok(any)
     }
 
     /// Applies commits as one group commit (see [`group::commit`]);
@@ -122,50 +176,74 @@ impl StateMachine for TxWriter {
             Ok(t) => t,
             Err(e) => return Ok(TxOutcome::Refused(e.to_string())),
         };
-        // Every table as the changeset knows it, and every updated row
-        // whole as the snapshot had it: SQLite's apply skips a table whose
-        // columns changed, and compares only the columns an UPDATE
-        // changes.
-        match changeset::changed_rows(&self.conn, &tables) {
-            Ok(None) => {}
-            Ok(Some((table, gone))) => {
-                let kind = if gone {
-                    ConflictKind::NotFound
-                } else {
-                    ConflictKind::Data
-                };
-                return Ok(TxOutcome::Conflict(conflict(kind, &table)));
-            }
-            Err(changeset::Mismatch::Shape(why)) => {
-                return Ok(TxOutcome::Conflict(format!(
-                    "conflict: {why} since this transaction's snapshot; nothing of it was applied"
-                )));
-            }
-            Err(changeset::Mismatch::Failed(e)) => {
-                let failure = SqliteFailure::of(&e);
-                if failure.is_node_local() {
-                    return Err(StoreError::Failed(failure));
-                }
-                return Ok(TxOutcome::Refused(failure.message));
-            }
-        }
         let rows = tables.iter().map(|t| t.changes.len() as u64).sum();
-        match tablix_vfs::apply_changeset(&self.conn, &op.changeset) {
+        let failed = |e: &rusqlite::Error| -> Result<TxOutcome, StoreError> {
+            let failure = SqliteFailure {
+                code: e.sqlite_error().map(|f| f.extended_code),
+                message: format!(
+                    "applying a transaction's changes: {}",
+                    crate::policy::error_message(e)
+                ),
+            };
+            if failure.is_node_local() {
+                Err(StoreError::Failed(failure))
+            } else {
+                Ok(TxOutcome::Refused(failure.message))
+            }
+        };
+        let fk_actions = match self.fk_actions() {
+            Ok(a) => a,
+            Err(e) => return failed(&e),
+        };
+        if fk_actions {
+            // Foreign-key actions must not run again: SQLite's own apply
+            // can turn them off (at the price of re-preparing every
+            // statement of this connection), after the same whole-row
+            // check.
+            match changeset::changed_rows(&self.conn, &tables) {
+                Ok(None) => {}
+                Ok(Some((table, gone))) => {
+                    let kind = if gone {
+                        ConflictKind::NotFound
+                    } else {
+                        ConflictKind::Data
+                    };
+                    return Ok(TxOutcome::Conflict(conflict(kind, &table)));
+                }
+                Err(changeset::Mismatch::Shape(why)) => {
+                    return Ok(TxOutcome::Conflict(shape_conflict(&why)));
+                }
+                Err(changeset::Mismatch::Failed(e)) => return failed(&e),
+            }
+            return match tablix_vfs::apply_changeset(&self.conn, &op.changeset, true) {
+                Ok(()) => Ok(TxOutcome::Committed { rows }),
+                Err(ApplyError::Conflict { kind, table }) => {
+                    Ok(TxOutcome::Conflict(conflict(kind, &table)))
+                }
+                Err(ApplyError::Sqlite { code, message }) => {
+                    let failure = SqliteFailure {
+                        code: Some(code),
+                        message: format!("applying a transaction's changes: {message}"),
+                    };
+                    if failure.is_node_local() {
+                        Err(StoreError::Failed(failure))
+                    } else {
+                        Ok(TxOutcome::Refused(failure.message))
+                    }
+                }
+            };
+        }
+        let mut shapes = self.shapes.borrow_mut();
+        if let Err(e) = shapes.check_version(&self.conn) {
+            return failed(&e);
+        }
+        match changeset::apply(&self.conn, &tables, &mut shapes) {
             Ok(()) => Ok(TxOutcome::Committed { rows }),
-            Err(ApplyError::Conflict { kind, table }) => {
+            Err(changeset::Refusal::Conflict(kind, table)) => {
                 Ok(TxOutcome::Conflict(conflict(kind, &table)))
             }
-            Err(ApplyError::Sqlite { code, message }) => {
-                let failure = SqliteFailure {
-                    code: Some(code),
-                    message: format!("applying a transaction's changes: {message}"),
-                };
-                if failure.is_node_local() {
-                    Err(StoreError::Failed(failure))
-                } else {
-                    Ok(TxOutcome::Refused(failure.message))
-                }
-            }
+            Err(changeset::Refusal::Shape(why)) => Ok(TxOutcome::Conflict(shape_conflict(&why))),
+            Err(changeset::Refusal::Failed(e)) => failed(&e),
         }
     }
 

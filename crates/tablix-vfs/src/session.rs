@@ -211,12 +211,21 @@ unsafe extern "C" fn on_conflict(
     ffi::SQLITE_CHANGESET_ABORT
 }
 
-/// Applies `changeset` to `conn`'s main database inside a savepoint of
-/// its own: every change, or (on the first conflict or failure) none.
-/// Foreign-key actions do not run (the changeset holds what they did
-/// where it was recorded); foreign keys are checked once, at the end.
-/// The caller decides whether triggers run (`SQLITE_DBCONFIG_ENABLE_TRIGGER`).
-pub fn apply_changeset(conn: &Connection, changeset: &[u8]) -> Result<(), ApplyError> {
+/// Applies `changeset` to `conn`'s main database: every change, or (on
+/// the first conflict or failure) none, as long as the caller runs it
+/// inside a savepoint of its own and rolls that back on `Err` (SQLite's
+/// apply opens none here: the store's group commit gives every Command
+/// one). Foreign keys are checked once, at the end. With `no_fk_actions`,
+/// foreign-key actions (CASCADE, SET NULL, SET DEFAULT, RESTRICT) do not
+/// run: the changeset holds what they did where it was recorded. SQLite
+/// then expires every prepared statement of the connection, twice, so a
+/// caller whose schema has no such action passes false. The caller
+/// decides whether triggers run (`SQLITE_DBCONFIG_ENABLE_TRIGGER`).
+pub fn apply_changeset(
+    conn: &Connection,
+    changeset: &[u8],
+    no_fk_actions: bool,
+) -> Result<(), ApplyError> {
     if changeset.is_empty() {
         return Ok(());
     }
@@ -237,7 +246,12 @@ pub fn apply_changeset(conn: &Connection, changeset: &[u8]) -> Result<(), ApplyE
             (&mut seen as *mut Seen).cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
-            ffi::SQLITE_CHANGESETAPPLY_FKNOACTION,
+            ffi::SQLITE_CHANGESETAPPLY_NOSAVEPOINT
+                | if no_fk_actions {
+                    ffi::SQLITE_CHANGESETAPPLY_FKNOACTION
+                } else {
+                    0
+                },
         )
     };
     if let Some((kind, table)) = seen.first {
@@ -331,7 +345,7 @@ mod tests {
         .unwrap();
         assert!(here.recording_bytes() > 0);
         let cs = here.changeset().unwrap();
-        apply_changeset(&there, &cs).unwrap();
+        apply_changeset(&there, &cs, true).unwrap();
         assert_eq!(dump(&here), dump(&there));
         here.stop();
         assert!(here.changeset().unwrap().is_empty());
@@ -363,8 +377,15 @@ mod tests {
             let there = db();
             there.execute_batch(theirs).unwrap();
             let before = dump(&there);
+            // Inside a savepoint rolled back on failure, as the store does.
+            there.execute_batch("SAVEPOINT apply").unwrap();
+            let r = apply_changeset(&there, &cs, false);
+            if r.is_err() {
+                there.execute_batch("ROLLBACK TO apply").unwrap();
+            }
+            there.execute_batch("RELEASE apply").unwrap();
             assert_eq!(
-                apply_changeset(&there, &cs),
+                r,
                 Err(ApplyError::Conflict {
                     kind,
                     table: table.into()
@@ -391,7 +412,7 @@ mod tests {
             .unwrap();
         let cs = here.changeset().unwrap();
         set_triggers(&there, false).unwrap();
-        apply_changeset(&there, &cs).unwrap();
+        apply_changeset(&there, &cs, true).unwrap();
         set_triggers(&there, true).unwrap();
         let n: i64 = there
             .query_row("SELECT count(*) FROM log", [], |r| r.get(0))

@@ -421,6 +421,12 @@ pub enum BenchWhich {
     /// Single-row inserts through the HTTP API (sync mode) with several
     /// client counts, against plain rusqlite with one insert per transaction.
     Insert(InsertBenchArgs),
+    /// The seed's TPS benchmark (SQLite's server-process-edition):
+    /// interactive read/write transactions of five REPLACEs and read-only
+    /// ones of five range reads, several clients of each, through the
+    /// embedded API and the HTTP API, against stock SQLite with one
+    /// writer (synchronous OFF and FULL).
+    Tps(TpsBenchArgs),
     /// Where the command log should live: groups of logged Commands
     /// applied to a state database, with the log in the state's
     /// transaction, in its own SQLite file or in an append-only file,
@@ -526,6 +532,28 @@ pub struct InsertBenchArgs {
     /// Concurrent HTTP clients to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 4, 16])]
     pub clients: Vec<usize>,
+    /// Rounds; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct TpsBenchArgs {
+    /// Scratch directory; the seed ran on tmpfs [default: /dev/shm/tablix-bench-tps]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Rows of t1 (the seed's size is 5000000).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub rows: u64,
+    /// Seconds each measurement runs.
+    #[arg(long, default_value_t = 3.0, value_parser = parse_seconds)]
+    pub seconds: f64,
+    /// Read/write clients to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 3, 4])]
+    pub rw: Vec<usize>,
+    /// Read-only clients beside them, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0usize, 1])]
+    pub ro: Vec<usize>,
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,

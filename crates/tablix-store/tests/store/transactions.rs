@@ -261,3 +261,86 @@ fn idle_transactions_are_rolled_back_and_say_so() {
         [[Value::Integer(3)]]
     );
 }
+
+#[test]
+fn foreign_keys_hold_across_commits_and_their_actions_and_triggers_apply_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |_| {});
+    store
+        .apply_sql(
+            stamp(2),
+            sql(&[
+                "CREATE TABLE parent(id INTEGER PRIMARY KEY, name TEXT)",
+                "CREATE TABLE child(id INTEGER PRIMARY KEY, parent INTEGER REFERENCES parent(id), note TEXT)",
+                "CREATE TABLE log(what TEXT)",
+                "CREATE TRIGGER logged AFTER INSERT ON child BEGIN INSERT INTO log VALUES ('child ' || new.id); END",
+                "INSERT INTO parent VALUES (1, 'one'), (2, 'two')",
+                "INSERT INTO child VALUES (10, 1, 'a')",
+            ]),
+        )
+        .unwrap();
+    let root = Principal::root();
+    // The changeset lists the child table first (touched first), its new
+    // row naming a parent inserted after it: applied all the same.
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("UPDATE child SET note = 'b' WHERE id = 10")
+        .unwrap();
+    tx.execute("INSERT INTO parent VALUES (3, 'three')")
+        .unwrap();
+    tx.execute("INSERT INTO child VALUES (11, 3, 'c')").unwrap();
+    assert!(tx.commit().unwrap().is_committed());
+    assert_eq!(
+        rows(&store, "SELECT what FROM log ORDER BY what"),
+        [[text("child 10")], [text("child 11")]],
+        "the trigger ran once, in the transaction"
+    );
+    // One deletes a parent, the other gives it a child: the second to
+    // commit breaks the foreign key, a conflict.
+    let t1 = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    let t2 = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    t1.execute("DELETE FROM parent WHERE id = 2").unwrap();
+    t2.execute("INSERT INTO child VALUES (12, 2, 'd')").unwrap();
+    assert!(t1.commit().unwrap().is_committed());
+    match t2.commit().unwrap() {
+        TxOutcome::Conflict(m) => assert!(m.contains("foreign key"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM child WHERE id = 12"),
+        [[Value::Integer(0)]]
+    );
+    // With a cascading key, the cascade's deletions travel in the
+    // changeset and do not run twice.
+    store
+        .apply_sql(
+            stamp(3),
+            sql(&[
+                "CREATE TABLE owner(id INTEGER PRIMARY KEY)",
+                "CREATE TABLE owned(id INTEGER PRIMARY KEY, owner INTEGER REFERENCES owner(id) ON DELETE CASCADE)",
+                "INSERT INTO owner VALUES (1), (2)",
+                "INSERT INTO owned VALUES (1, 1), (2, 1), (3, 2)",
+            ]),
+        )
+        .unwrap();
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("DELETE FROM owner WHERE id = 1").unwrap();
+    assert_eq!(
+        value(&tx.execute("SELECT count(*) FROM owned").unwrap()),
+        [[Value::Integer(1)]]
+    );
+    assert_eq!(tx.commit().unwrap(), TxOutcome::Committed { rows: 3 });
+    assert_eq!(rows(&store, "SELECT id FROM owned"), [[Value::Integer(3)]]);
+    // And a row inserted by another meanwhile keeps the parent's delete
+    // from passing unseen: the cascade does not run again at apply, so
+    // the foreign key conflicts.
+    let tx = store.transaction(&root, TxKind::ReadWrite).unwrap();
+    tx.execute("DELETE FROM owner WHERE id = 2").unwrap();
+    store
+        .apply_sql(stamp(4), sql(&["INSERT INTO owned VALUES (4, 2)"]))
+        .unwrap();
+    assert!(matches!(tx.commit().unwrap(), TxOutcome::Conflict(_)));
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM owned"),
+        [[Value::Integer(2)]]
+    );
+}

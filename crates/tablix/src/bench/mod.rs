@@ -13,6 +13,7 @@ mod pcache;
 mod pipe;
 mod raft;
 mod speed;
+mod tps;
 mod transport;
 mod workloads;
 
@@ -23,6 +24,7 @@ use crate::cli::{BenchArgs, BenchWhich};
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         BenchWhich::Insert(a) => insert::run(a),
+        BenchWhich::Tps(a) => tps::run(a),
         BenchWhich::Log(a) => log::run(a),
         BenchWhich::Raft(a) => raft::run(a),
         BenchWhich::Cluster(a) => cluster::run(a),

@@ -1,0 +1,433 @@
+//! The seed's TPS benchmark (SQLite's server-process-edition, seed 002):
+//! `t1(a INTEGER PRIMARY KEY, b BLOB(16), c BLOB(16), d BLOB(400))` with
+//! indexes on b and c; read/write transactions of five REPLACEs at random
+//! keys, read-only transactions of five range reads; rw clients 1..4 and
+//! ro clients 0..1, through tablix's embedded API and its HTTP API,
+//! against stock SQLite with one writer (WAL; synchronous OFF and FULL)
+//! in the same run.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rusqlite::Connection;
+use tablix_store::{
+    Principal, SqlCommand, Stamp, Statement, StatementResult, Store, StoreConfig, TxKind, TxOutcome,
+};
+
+use super::median;
+use crate::cli::TpsBenchArgs;
+
+const SCHEMA: &str = "CREATE TABLE t1(a INTEGER PRIMARY KEY, b BLOB(16), c BLOB(16), d BLOB(400));
+CREATE INDEX i1 ON t1(b);
+CREATE INDEX i2 ON t1(c);";
+
+/// Rows loaded per statement.
+const LOAD_CHUNK: u64 = 50_000;
+
+fn load_sql(from: u64, to: u64) -> String {
+    format!(
+        "WITH RECURSIVE n(i) AS (SELECT {from} UNION ALL SELECT i + 1 FROM n WHERE i < {to})
+         INSERT INTO t1 SELECT i, randomblob(16), randomblob(16), randomblob(400) FROM n"
+    )
+}
+
+/// A read/write transaction's statements: the seed's five REPLACEs.
+fn replace_sql(rows: u64) -> String {
+    format!(
+        "REPLACE INTO t1 VALUES(abs(random() % {rows}), randomblob(16), randomblob(16), randomblob(400))"
+    )
+}
+
+/// A read-only transaction's statements: the seed's five range reads.
+fn range_sql(rows: u64) -> String {
+    format!("SELECT * FROM t1 WHERE a>abs((random()%{rows})) LIMIT 10")
+}
+
+/// What one configuration achieved, per second.
+#[derive(Clone, Copy, Default)]
+struct Rates {
+    rw: f64,
+    ro: f64,
+    /// Commits refused as conflicts, per attempted read/write transaction.
+    conflict_rate: f64,
+}
+
+/// Counters shared by a configuration's client threads.
+#[derive(Default)]
+struct Tally {
+    rw: AtomicU64,
+    ro: AtomicU64,
+    conflicts: AtomicU64,
+    failures: AtomicU64,
+    first_failure: std::sync::Mutex<Option<String>>,
+}
+
+impl Tally {
+    fn fail(&self, why: String) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut f) = self.first_failure.lock() {
+            f.get_or_insert(why);
+        }
+    }
+
+    fn rates(&self, seconds: f64) -> anyhow::Result<Rates> {
+        let failures = self.failures.load(Ordering::Relaxed);
+        if failures > 0 {
+            let first = self
+                .first_failure
+                .lock()
+                .ok()
+                .and_then(|f| f.clone())
+                .unwrap_or_default();
+            bail!("{failures} transactions failed; the first: {first}");
+        }
+        let rw = self.rw.load(Ordering::Relaxed) as f64;
+        let conflicts = self.conflicts.load(Ordering::Relaxed) as f64;
+        Ok(Rates {
+            rw: rw / seconds,
+            ro: self.ro.load(Ordering::Relaxed) as f64 / seconds,
+            conflict_rate: if rw + conflicts > 0.0 {
+                conflicts / (rw + conflicts)
+            } else {
+                0.0
+            },
+        })
+    }
+}
+
+/// Runs `rw` and `ro` client threads for `seconds`; each calls its
+/// function until stopped.
+fn clients(
+    rw: usize,
+    ro: usize,
+    seconds: f64,
+    tally: &Arc<Tally>,
+    rw_client: impl Fn(usize, &AtomicBool, &Tally) + Send + Sync + 'static,
+    ro_client: impl Fn(usize, &AtomicBool, &Tally) + Send + Sync + 'static,
+) -> anyhow::Result<Rates> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let rw_client = Arc::new(rw_client);
+    let ro_client = Arc::new(ro_client);
+    let mut threads = Vec::new();
+    for i in 0..rw + ro {
+        let (stop, tally) = (Arc::clone(&stop), Arc::clone(tally));
+        let (rwc, roc) = (Arc::clone(&rw_client), Arc::clone(&ro_client));
+        threads.push(std::thread::spawn(move || {
+            if i < rw {
+                rwc(i, &stop, &tally)
+            } else {
+                roc(i, &stop, &tally)
+            }
+        }));
+    }
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+    tally.rates(started.elapsed().as_secs_f64())
+}
+
+/// Stock SQLite: one connection per client, WAL, `synchronous` as given;
+/// a read/write transaction is BEGIN IMMEDIATE, five REPLACEs, COMMIT.
+fn stock(
+    path: &Path,
+    rows: u64,
+    sync: &'static str,
+    rw: usize,
+    ro: usize,
+    seconds: f64,
+) -> anyhow::Result<Rates> {
+    let tally = Arc::new(Tally::default());
+    let p1 = path.to_path_buf();
+    let p2 = path.to_path_buf();
+    let open = |p: &Path, sync: &str| -> rusqlite::Result<Connection> {
+        let c = Connection::open(p)?;
+        c.busy_timeout(Duration::from_secs(30))?;
+        c.pragma_update(None, "synchronous", sync)?;
+        Ok(c)
+    };
+    clients(
+        rw,
+        ro,
+        seconds,
+        &tally,
+        move |_, stop, tally| {
+            let c = match open(&p1, sync) {
+                Ok(c) => c,
+                Err(e) => return tally.fail(e.to_string()),
+            };
+            let sql = replace_sql(rows);
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    c.execute_batch("BEGIN IMMEDIATE")?;
+                    let mut st = c.prepare_cached(&sql)?;
+                    for _ in 0..5 {
+                        st.execute([])?;
+                    }
+                    drop(st);
+                    c.execute_batch("COMMIT")
+                })();
+                match r {
+                    Ok(()) => {
+                        tally.rw.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        let _ = c.execute_batch("ROLLBACK");
+                        tally.fail(e.to_string());
+                    }
+                }
+            }
+        },
+        move |_, stop, tally| {
+            let c = match open(&p2, sync) {
+                Ok(c) => c,
+                Err(e) => return tally.fail(e.to_string()),
+            };
+            let sql = range_sql(rows);
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    c.execute_batch("BEGIN")?;
+                    let mut st = c.prepare_cached(&sql)?;
+                    for _ in 0..5 {
+                        let n = st.query_map([], |_| Ok(()))?.count();
+                        std::hint::black_box(n);
+                    }
+                    drop(st);
+                    c.execute_batch("COMMIT")
+                })();
+                match r {
+                    Ok(()) => {
+                        tally.ro.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        let _ = c.execute_batch("ROLLBACK");
+                        tally.fail(e.to_string());
+                    }
+                }
+            }
+        },
+    )
+}
+
+/// tablix's embedded API: each client begins, runs its five statements
+/// one request at a time, and commits.
+fn embedded(
+    store: &Arc<Store>,
+    rows: u64,
+    rw: usize,
+    ro: usize,
+    seconds: f64,
+) -> anyhow::Result<Rates> {
+    let tally = Arc::new(Tally::default());
+    let (s1, s2) = (Arc::clone(store), Arc::clone(store));
+    clients(
+        rw,
+        ro,
+        seconds,
+        &tally,
+        move |_, stop, tally| {
+            let root = Principal::root();
+            let st = [Statement::new(replace_sql(rows))];
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    let tx = s1.transaction(&root, TxKind::ReadWrite)?;
+                    for _ in 0..5 {
+                        if let Some(e) = tx.run(&st)?.iter().find(|o| o.result.is_error()) {
+                            anyhow::bail!("{:?}", e.result);
+                        }
+                    }
+                    Ok(tx.commit()?)
+                })();
+                match r {
+                    Ok(TxOutcome::Committed { .. }) => {
+                        tally.rw.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(TxOutcome::Conflict(_)) => {
+                        tally.conflicts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(other) => tally.fail(format!("{other:?}")),
+                    Err(e) => tally.fail(e.to_string()),
+                }
+            }
+        },
+        move |_, stop, tally| {
+            let root = Principal::root();
+            let st = [Statement::new(range_sql(rows))];
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    let tx = s2.transaction(&root, TxKind::ReadOnly)?;
+                    for _ in 0..5 {
+                        match &tx.run(&st)?[0].result {
+                            StatementResult::Rows(r) => {
+                                std::hint::black_box(r.values.len());
+                            }
+                            other => anyhow::bail!("{other:?}"),
+                        }
+                    }
+                    tx.commit()?;
+                    Ok(())
+                })();
+                match r {
+                    Ok(()) => {
+                        tally.ro.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tally.fail(e.to_string()),
+                }
+            }
+        },
+    )
+}
+
+/// Creates the seed's table with `rows` rows in a stock database.
+fn load_stock(path: &Path, rows: u64) -> anyhow::Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    let c = Connection::open(path)?;
+    c.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
+    c.pragma_update(None, "synchronous", "OFF")?;
+    c.execute_batch(SCHEMA)?;
+    let mut from = 1;
+    while from <= rows {
+        let to = (from + LOAD_CHUNK - 1).min(rows);
+        c.execute_batch(&load_sql(from, to))?;
+        from = to + 1;
+    }
+    c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+    Ok(())
+}
+
+/// Creates the seed's table with `rows` rows through a store.
+fn load_store(store: &Store, rows: u64) -> anyhow::Result<()> {
+    let root = Principal::root();
+    let command = |sql: &str| SqlCommand {
+        statements: sql
+            .split(';')
+            .filter(|s| !s.trim().is_empty())
+            .map(Statement::new)
+            .collect(),
+        transaction: true,
+        principal: root.clone(),
+    };
+    let check = |r: tablix_store::SqlReply| -> anyhow::Result<()> {
+        if let Some(e) = r.statements.iter().find(|s| s.result.is_error()) {
+            bail!("loading the table: {:?}", e.result);
+        }
+        Ok(())
+    };
+    check(store.apply_sql(Stamp::now(), command(SCHEMA))?)?;
+    let mut from = 1;
+    while from <= rows {
+        let to = (from + LOAD_CHUNK - 1).min(rows);
+        check(store.apply_sql(Stamp::now(), command(&load_sql(from, to)))?)?;
+        from = to + 1;
+    }
+    Ok(())
+}
+
+struct Row {
+    what: String,
+    clients: usize,
+    rates: Rates,
+}
+
+pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
+    if a.rows == 0 || a.repeat == 0 || a.rw.is_empty() || a.rw.contains(&0) {
+        bail!("--rows, --repeat and every --rw count must be positive");
+    }
+    let dir: PathBuf = a
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("/dev/shm/tablix-bench-tps"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stock_path = dir.join("stock.db");
+    eprintln!(
+        "loading {} rows into stock SQLite and into tablix ({})",
+        a.rows,
+        dir.display()
+    );
+    load_stock(&stock_path, a.rows)?;
+    let data = dir.join("tablix-data");
+    let _ = std::fs::remove_dir_all(&data);
+    let mut config = StoreConfig::new(&data);
+    config.write_timeout = Duration::from_secs(300);
+    let store = Arc::new(Store::open(config)?);
+    load_store(&store, a.rows)?;
+
+    let mut table: Vec<(String, usize, Vec<Rates>)> = Vec::new();
+    let mut add = |what: String, clients: usize, r: Rates| match table
+        .iter_mut()
+        .find(|(w, c, _)| *w == what && *c == clients)
+    {
+        Some((_, _, v)) => v.push(r),
+        None => table.push((what, clients, vec![r])),
+    };
+    for round in 0..a.repeat {
+        for sync in ["OFF", "FULL"] {
+            let r = stock(&stock_path, a.rows, sync, 1, 0, a.seconds)?;
+            add(
+                format!("stock SQLite, synchronous={sync}, rw:1, ro:0"),
+                1,
+                r,
+            );
+        }
+        for &ro in &a.ro {
+            for &rw in &a.rw {
+                let r = embedded(&store, a.rows, rw, ro, a.seconds)?;
+                add(format!("tablix embedded, rw:{rw}, ro:{ro}"), rw, r);
+            }
+        }
+        eprintln!("round {}/{} done", round + 1, a.repeat);
+    }
+    drop(store);
+    let rows: Vec<Row> = table
+        .into_iter()
+        .map(|(what, clients, runs)| Row {
+            what,
+            clients,
+            rates: Rates {
+                rw: median(runs.iter().map(|r| r.rw).collect()),
+                ro: median(runs.iter().map(|r| r.ro).collect()),
+                conflict_rate: median(runs.iter().map(|r| r.conflict_rate).collect()),
+            },
+        })
+        .collect();
+    let base = rows
+        .iter()
+        .find(|r| r.what.contains("synchronous=OFF"))
+        .map_or(f64::NAN, |r| r.rates.rw);
+    println!(
+        "\nTPS, the seed's benchmark ({} rows, {} s per run, median of {}; tablix stores its data in {}):\n",
+        a.rows,
+        a.seconds,
+        a.repeat,
+        dir.display()
+    );
+    println!(
+        "| configuration | TPS per client | TPS total (read-only) | conflicts | vs stock rw:1 OFF |"
+    );
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        let ro = if r.rates.ro > 0.0 {
+            format!(" ({:.0})", r.rates.ro)
+        } else {
+            String::new()
+        };
+        println!(
+            "| {} | {:.0} | {:.0}{} | {:.1}% | {:.2} |",
+            r.what,
+            r.rates.rw / r.clients as f64,
+            r.rates.rw,
+            ro,
+            r.rates.conflict_rate * 100.0,
+            r.rates.rw / base
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
