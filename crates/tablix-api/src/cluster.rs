@@ -293,7 +293,9 @@ pub(crate) async fn redirect(
         .any(|(k, v)| k == "redirect" && !matches!(v.as_str(), "false" | "0" | "no" | "off"));
     let local_read = request.uri().path() != "/db/execute"
         && pairs.iter().any(|(k, v)| k == "level" && v == "none");
-    if !asked || local_read || cluster.is_leader() {
+    // An interactive transaction lives on the node that began it.
+    let in_transaction = pairs.iter().any(|(k, _)| k == "tx");
+    if !asked || local_read || in_transaction || cluster.is_leader() {
         return next.run(request).await;
     }
     // Only now is the caller attributed (the handler does it for every

@@ -25,6 +25,7 @@ mod listen;
 mod options;
 mod server;
 mod sock_diag;
+mod transaction;
 
 pub use auth::{AuthFile, Perms};
 pub use body::parse_statements;

@@ -23,6 +23,9 @@ pub struct Options {
     pub level: Level,
     /// The statement of a `GET /db/query?q=...`.
     pub q: Option<String>,
+    /// The interactive transaction the request's statements run in (its
+    /// id, as `BEGIN` answered).
+    pub tx: Option<String>,
     /// rqlite's `db_timeout`: a tighter time limit for this request's
     /// statements than the daemon's (never a looser one).
     pub db_timeout: Option<std::time::Duration>,
@@ -104,6 +107,14 @@ impl Options {
                 "pretty" => o.pretty = flag(name, value)?,
                 "blob_array" => o.blob_array = flag(name, value)?,
                 "q" => o.q = Some(value.clone()),
+                "tx" => {
+                    if value.is_empty() {
+                        return Err(
+                            "option tx needs the transaction's id, as BEGIN answered it".into()
+                        );
+                    }
+                    o.tx = Some(value.clone())
+                }
                 "db_timeout" => {
                     o.db_timeout = Some(
                         duration(value).map_err(|e| format!("option db_timeout={value:?}: {e}"))?,
@@ -180,6 +191,11 @@ mod tests {
                 .unwrap_err()
                 .contains("unknown option \"transacton\"")
         );
+        assert_eq!(
+            parse(&[("tx", "ab12")]).unwrap().tx.as_deref(),
+            Some("ab12")
+        );
+        assert!(parse(&[("tx", "")]).unwrap_err().contains("id"));
         let o = parse(&[("db_timeout", "1m30s")]).unwrap();
         assert_eq!(o.db_timeout, Some(std::time::Duration::from_secs(90)));
         assert_eq!(

@@ -66,7 +66,7 @@ pub struct ServerInfo {
 }
 
 pub(crate) struct App {
-    store: Arc<Store>,
+    pub(crate) store: Arc<Store>,
     info: ServerInfo,
     pub(crate) config: ApiConfig,
     auth: Arc<AuthFile>,
@@ -130,9 +130,12 @@ impl IntoResponse for Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Failure {
         let status = match e {
-            StoreError::Closed | StoreError::Busy(_) | StoreError::NoLeader(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            StoreError::Closed
+            | StoreError::Busy(_)
+            | StoreError::NoLeader(_)
+            | StoreError::TooManyTransactions(_) => StatusCode::SERVICE_UNAVAILABLE,
+            StoreError::NoTransaction(_) => StatusCode::NOT_FOUND,
+            StoreError::TransactionBusy(_) => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         Failure(status, e.to_string())
@@ -193,7 +196,7 @@ pub(crate) fn reply(r: Result<Response, Failure>) -> Response {
     r.unwrap_or_else(IntoResponse::into_response)
 }
 
-fn json_response(body: Body) -> Response {
+pub(crate) fn json_response(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
@@ -211,7 +214,7 @@ impl Drop for CancelOnDrop {
 impl App {
     /// A request's bounds: the daemon's, or tighter as it asks; cancelled
     /// when its connection's client goes away.
-    fn limits(&self, o: &Options, write: bool, gone: Option<&Cancel>) -> Limits {
+    pub(crate) fn limits(&self, o: &Options, write: bool, gone: Option<&Cancel>) -> Limits {
         let c = self.store.config();
         let mut limits = if write {
             c.write_limits()
@@ -373,13 +376,30 @@ async fn read(
     let caller = &who.0;
     require(caller.perms.query, caller, "query")?;
     crate::cluster::before_read(app, o).await?;
-    let started = Instant::now();
     let limits = app.limits(o, false, who.1.as_ref());
+    let principal = caller.principal.clone();
+    stream(app, o, Shape::Mixed, limits, move |store, limits, sink| {
+        store.query_into(&principal, &sts, limits, sink)
+    })
+    .await
+}
+
+/// Runs `job` on a blocking thread, encoding the results it hands its
+/// sink as they come: a result that fits in the first chunk is answered
+/// whole, a larger one streamed. A job that fails before its first result
+/// fails the request.
+pub(crate) async fn stream(
+    app: &Arc<App>,
+    o: &Options,
+    shape: Shape,
+    limits: Limits,
+    job: impl FnOnce(&Store, &Limits, &mut dyn Sink) -> Result<(), StoreError> + Send + 'static,
+) -> Result<Response, Failure> {
+    let started = Instant::now();
     let cancel = CancelOnDrop(limits.cancel.clone());
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
     let (start_tx, start_rx) = oneshot::channel();
     let store = Arc::clone(&app.store);
-    let principal = caller.principal.clone();
     let o2 = o.clone();
     // Past its own limit the request is given a little longer to send
     // what it has.
@@ -393,8 +413,8 @@ async fn read(
             deadline,
             handle,
         };
-        let mut enc = Encoder::new(out, &o2, Shape::Mixed, limits.max_result_bytes);
-        match store.query_into(&principal, &sts, &limits, &mut enc) {
+        let mut enc = Encoder::new(out, &o2, shape, limits.max_result_bytes);
+        match job(&store, &limits, &mut enc) {
             Ok(()) => {
                 if let Ok(mut out) = enc.finish(started.elapsed().as_secs_f64()) {
                     out.end();
@@ -451,6 +471,9 @@ async fn unified(
     sts: Vec<Statement>,
     o: &Options,
 ) -> Result<Response, Failure> {
+    if let Some(r) = crate::transaction::serve(app, who, &sts, o, Shape::Mixed).await {
+        return r;
+    }
     let store = Arc::clone(&app.store);
     let principal = who.0.principal.clone();
     // Preparing a few short statements takes microseconds: done here, it
@@ -496,6 +519,9 @@ async fn execute(
             let who = who?;
             let o = options(&q)?;
             let sts = statements(body)?;
+            if let Some(r) = crate::transaction::serve(&app, &who, &sts, &o, Shape::Execute).await {
+                return r;
+            }
             write(&app, &who, sts, &o, Shape::Execute).await
         }
         .await,
@@ -511,7 +537,11 @@ async fn query_get(
         async {
             let who = who?;
             let o = options(&q)?;
-            read(&app, &who, q_statement(&o)?, &o).await
+            let sts = q_statement(&o)?;
+            if let Some(r) = crate::transaction::serve(&app, &who, &sts, &o, Shape::Mixed).await {
+                return r;
+            }
+            read(&app, &who, sts, &o).await
         }
         .await,
     )
@@ -527,7 +557,11 @@ async fn query_post(
         async {
             let who = who?;
             let o = options(&q)?;
-            read(&app, &who, statements(body)?, &o).await
+            let sts = statements(body)?;
+            if let Some(r) = crate::transaction::serve(&app, &who, &sts, &o, Shape::Mixed).await {
+                return r;
+            }
+            read(&app, &who, sts, &o).await
         }
         .await,
     )
@@ -586,6 +620,13 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
                 "memory_limit": c.memory_limit,
                 "wal_limit": c.wal_limit,
                 "stats": app.store.stats(),
+            },
+            "transactions": {
+                "max_open": c.max_transactions,
+                "idle_timeout_ms": c.tx_idle_timeout.as_millis() as u64,
+                "max_duration_ms": c.tx_max_duration.as_millis() as u64,
+                "max_bytes": c.tx_max_bytes,
+                "stats": app.store.tx_stats(),
             },
             "http": {
                 "addr": app.info.http_addr,

@@ -447,3 +447,103 @@ impl tablix_store::Sink for Discard {
         Ok(())
     }
 }
+
+/// The id a BEGIN answered.
+fn tx_id(j: &Json) -> String {
+    j["results"][0]["transaction"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no transaction in {j}"))
+        .to_string()
+}
+
+#[test]
+fn interactive_transactions_span_requests_and_the_first_committer_wins() {
+    let s = server(1 << 20);
+    let (code, _) = s.post(
+        "/db/execute",
+        r#"["CREATE TABLE acct(id INTEGER PRIMARY KEY, balance INTEGER)", "INSERT INTO acct VALUES (1, 100), (2, 100)"]"#,
+    );
+    assert_eq!(code, 200);
+    // BEGIN answers an id; statements with ?tx=ID read the transaction's
+    // own writes, which nobody else sees before COMMIT.
+    let (code, j) = s.post("/db/request", r#"["BEGIN"]"#);
+    assert_eq!(code, 200, "{j}");
+    let a = tx_id(&j);
+    assert_eq!(j["results"][0]["readonly"], json!(false));
+    let (_, j) = s.post(
+        &format!("/db/request?tx={a}"),
+        r#"["UPDATE acct SET balance = balance - 30 WHERE id = 1", "SELECT balance FROM acct WHERE id = 1"]"#,
+    );
+    assert_eq!(j["results"][0]["rows_affected"], json!(1), "{j}");
+    assert_eq!(j["results"][1]["values"], json!([[70]]), "{j}");
+    let (_, j) = s.post("/db/query", r#"["SELECT balance FROM acct WHERE id = 1"]"#);
+    assert_eq!(j["results"][0]["values"], json!([[100]]), "{j}");
+    // A second transaction changes the same row and commits first.
+    let (_, j) = s.post("/db/execute", r#"["BEGIN"]"#);
+    let b = tx_id(&j);
+    let (_, j) = s.post(
+        &format!("/db/execute?tx={b}"),
+        r#"["UPDATE acct SET balance = balance + 5 WHERE id = 1"]"#,
+    );
+    assert_eq!(j["results"][0]["rows_affected"], json!(1), "{j}");
+    let (_, j) = s.post(&format!("/db/execute?tx={b}"), r#"["COMMIT"]"#);
+    assert_eq!(j["results"][0]["committed"], json!(true), "{j}");
+    let (code, j) = s.post(&format!("/db/request?tx={a}"), r#"["COMMIT"]"#);
+    assert_eq!(code, 200);
+    assert_eq!(j["results"][0]["conflict"], json!(true), "{j}");
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("conflict"),
+        "{j}"
+    );
+    let (_, j) = s.post("/db/query", r#"["SELECT balance FROM acct ORDER BY id"]"#);
+    assert_eq!(j["results"][0]["values"], json!([[105], [100]]), "{j}");
+    // The transaction is gone after COMMIT; its id names nothing.
+    let (code, j) = s.post(&format!("/db/request?tx={a}"), r#"["SELECT 1"]"#);
+    assert_eq!(code, 404, "{j}");
+    // BEGIN READONLY keeps its snapshot across requests.
+    let (_, j) = s.post("/db/query", r#"["BEGIN READONLY"]"#);
+    let r = tx_id(&j);
+    assert_eq!(j["results"][0]["readonly"], json!(true));
+    s.post("/db/execute", r#"["UPDATE acct SET balance = 0"]"#);
+    let (_, j) = s.post(
+        &format!("/db/query?tx={r}"),
+        r#"["SELECT sum(balance) FROM acct"]"#,
+    );
+    assert_eq!(j["results"][0]["values"], json!([[205]]), "{j}");
+    let (_, j) = s.post(&format!("/db/query?tx={r}"), r#"["END"]"#);
+    assert_eq!(j["results"][0]["committed"], json!(true), "{j}");
+    // Bad input: COMMIT without an id, BEGIN inside one, DDL inside one,
+    // a rolled back transaction.
+    let (code, j) = s.post("/db/execute", r#"["COMMIT"]"#);
+    assert_eq!(code, 400);
+    assert!(j["error"].as_str().unwrap().contains("?tx="), "{j}");
+    let (_, j) = s.post("/db/execute", r#"["BEGIN"]"#);
+    let c = tx_id(&j);
+    let (code, _) = s.post(&format!("/db/execute?tx={c}"), r#"["BEGIN"]"#);
+    assert_eq!(code, 400);
+    let (_, j) = s.post(&format!("/db/execute?tx={c}"), r#"["CREATE TABLE t2(x)"]"#);
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("interactive transaction"),
+        "{j}"
+    );
+    let (_, j) = s.post(&format!("/db/execute?tx={c}"), r#"["ROLLBACK"]"#);
+    assert_eq!(j["results"][0]["rolled_back"], json!(true), "{j}");
+    let (code, _) = s.post(&format!("/db/execute?tx={c}"), r#"["COMMIT"]"#);
+    assert_eq!(code, 404);
+    // /status counts them.
+    let (_, body) = s.get("/status");
+    let status: Json = serde_json::from_str(&body).unwrap();
+    let t = &status["transactions"]["stats"];
+    assert_eq!(
+        (t["committed"].as_u64(), t["conflicts"].as_u64()),
+        (Some(2), Some(1)),
+        "{t}"
+    );
+    assert_eq!(t["open"], json!(0));
+}

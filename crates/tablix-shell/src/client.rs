@@ -373,6 +373,32 @@ impl Client {
         self.results(self.post(&path, &json!(statements))?)
     }
 
+    /// Begins an interactive transaction (read-only: the snapshot alone);
+    /// returns its id.
+    pub fn begin(&self, readonly: bool) -> Result<String, ClientError> {
+        let sql = if readonly { "BEGIN READONLY" } else { "BEGIN" };
+        let path = format!("/db/request?blob_array{}", self.level_option());
+        let json = self.post(&path, &json!([sql]))?;
+        json["results"][0]["transaction"]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| ClientError::Protocol(format!("BEGIN answered no transaction: {json}")))
+    }
+
+    /// Runs statements inside transaction `tx`.
+    pub fn request_in(&self, tx: &str, statements: &[String]) -> Result<Vec<Reply>, ClientError> {
+        let path = format!("/db/request?blob_array&tx={tx}");
+        self.results(self.post(&path, &json!(statements))?)
+    }
+
+    /// Commits (or rolls back) transaction `tx`. A commit refused (a
+    /// conflict) is `Ok(Some(why))`: nothing of it was applied.
+    pub fn end(&self, tx: &str, commit: bool) -> Result<Option<String>, ClientError> {
+        let sql = if commit { "COMMIT" } else { "ROLLBACK" };
+        let json = self.post(&format!("/db/request?tx={tx}"), &json!([sql]))?;
+        Ok(json["results"][0]["error"].as_str().map(String::from))
+    }
+
     /// Runs read-only statements on one snapshot through `/db/query`.
     pub fn query(&self, statements: &[String]) -> Result<Vec<Reply>, ClientError> {
         let path = format!("/db/query?blob_array{}", self.level_option());

@@ -38,14 +38,29 @@ pub struct Shell<W: Write> {
     mode: Mode,
     headers: bool,
     timer: bool,
-    /// Statements collected between BEGIN and COMMIT; sent as one
-    /// transaction at COMMIT.
-    transaction: Option<Vec<String>>,
+    /// The transaction a typed BEGIN opened, until COMMIT or ROLLBACK.
+    transaction: Option<OpenTx>,
+    /// Whether input is a batch (a file, arguments, standard input not
+    /// a terminal): a schema change inside its transaction folds it.
+    batch: bool,
 }
 
-/// What a statement does to the shell's own transaction buffer.
+/// A transaction the shell has open.
+struct OpenTx {
+    /// The daemon's interactive transaction, whose statements run as
+    /// they come; None once folded: the statements then run as one
+    /// request at COMMIT.
+    id: Option<String>,
+    /// The statements run in it so far.
+    statements: Vec<String>,
+    /// Whether any of them showed rows (it can then not be run again).
+    showed_rows: bool,
+    readonly: bool,
+}
+
+/// What a statement does to the shell's transaction.
 enum Control {
-    Begin,
+    Begin { readonly: bool },
     Commit,
     Rollback,
     None,
@@ -54,11 +69,22 @@ enum Control {
 fn control(sql: &str) -> Control {
     let w = words(sql);
     match w.first().map(String::as_str) {
-        Some("BEGIN") => Control::Begin,
+        Some("BEGIN") => Control::Begin {
+            readonly: w.last().map(String::as_str) == Some("READONLY"),
+        },
         Some("COMMIT" | "END") => Control::Commit,
         Some("ROLLBACK") if !w.iter().any(|x| x == "TO") => Control::Rollback,
         _ => Control::None,
     }
+}
+
+/// Whether `sql` changes the schema: an interactive transaction cannot
+/// carry that (its changes travel as rows).
+fn is_schema_change(sql: &str) -> bool {
+    matches!(
+        words(sql).first().map(String::as_str),
+        Some("CREATE" | "ALTER" | "DROP")
+    )
 }
 
 impl<W: Write> Shell<W> {
@@ -70,6 +96,7 @@ impl<W: Write> Shell<W> {
             headers: false,
             timer: false,
             transaction: None,
+            batch: true,
         }
     }
 
@@ -88,22 +115,51 @@ impl<W: Write> Shell<W> {
     /// Runs text (SQL statements and dot-commands, one per line) as a batch:
     /// stops at the first error and returns it.
     pub fn run_batch(&mut self, text: &str) -> Result<(), ShellError> {
-        let mut splitter = Splitter::new();
-        for line in text.split_inclusive('\n') {
-            for sql in self.feed(&mut splitter, line)? {
-                self.run_sql(&sql)?;
+        self.run_lines(text.split_inclusive('\n').map(|l| Ok(l.to_string())))
+    }
+
+    /// Runs lines as a batch as they arrive (standard input read from a
+    /// pipe: another program may wait for each statement's answer before
+    /// it writes the next), each statement's results written out before
+    /// the next line is read. Stops at the first error and returns it; a
+    /// transaction still open then, or at the end of input, is rolled
+    /// back.
+    pub fn run_lines(
+        &mut self,
+        lines: impl IntoIterator<Item = std::io::Result<String>>,
+    ) -> Result<(), ShellError> {
+        let r = (|| {
+            let mut splitter = Splitter::new();
+            for line in lines {
+                let line = line?;
+                for sql in self.feed(&mut splitter, &line)? {
+                    self.run_sql(&sql)?;
+                    self.out.flush()?;
+                }
             }
+            if let Some(rest) = splitter.finish() {
+                self.run_sql(&rest)?;
+            }
+            if self.transaction.is_some() {
+                return Err(ShellError::Sql(
+                    "input ended inside a transaction: BEGIN without COMMIT; nothing of it was applied"
+                        .into(),
+                ));
+            }
+            Ok(())
+        })();
+        if r.is_err() {
+            self.abandon();
         }
-        if let Some(rest) = splitter.finish() {
-            self.run_sql(&rest)?;
+        r
+    }
+
+    /// Rolls back a transaction left open (at an error in a batch, at the
+    /// end of input).
+    fn abandon(&mut self) {
+        if let Some(OpenTx { id: Some(id), .. }) = self.transaction.take() {
+            let _ = self.client.end(&id, false);
         }
-        if self.transaction.take().is_some() {
-            return Err(ShellError::Sql(
-                "input ended inside a transaction: BEGIN without COMMIT; nothing of it was applied"
-                    .into(),
-            ));
-        }
-        Ok(())
     }
 
     /// Hands a line to the splitter, or runs it as a dot-command when no
@@ -119,6 +175,7 @@ impl<W: Write> Shell<W> {
     /// The interactive prompt, with line editing and history. Errors are
     /// printed and the shell goes on.
     pub fn repl(&mut self, history: Option<&Path>) -> Result<(), ShellError> {
+        self.batch = false;
         let mut editor = DefaultEditor::new().map_err(|e| ShellError::Usage(e.to_string()))?;
         if let Some(h) = history {
             let _ = editor.load_history(h);
@@ -166,6 +223,10 @@ impl<W: Write> Shell<W> {
         if let Some(h) = history {
             let _ = editor.save_history(h);
         }
+        if self.transaction.is_some() {
+            self.abandon();
+            eprintln!("(the open transaction was rolled back)");
+        }
         Ok(())
     }
 
@@ -179,43 +240,106 @@ impl<W: Write> Shell<W> {
     }
 
     fn run_sql(&mut self, sql: &str) -> Result<(), ShellError> {
-        match (control(sql), self.transaction.is_some()) {
-            (Control::Begin, true) => Err(ShellError::Sql(
+        let open = self.transaction.is_some();
+        match control(sql) {
+            Control::Begin { .. } if open => Err(ShellError::Sql(
                 "cannot start a transaction within a transaction".into(),
             )),
-            (Control::Begin, false) => {
-                self.transaction = Some(Vec::new());
+            Control::Begin { readonly } => {
+                let id = self.client.begin(readonly)?;
+                self.transaction = Some(OpenTx {
+                    id: Some(id),
+                    statements: Vec::new(),
+                    showed_rows: false,
+                    readonly,
+                });
                 Ok(())
             }
-            (Control::Commit | Control::Rollback, false) => {
+            Control::Commit | Control::Rollback if !open => {
                 Err(ShellError::Sql("no transaction is active".into()))
             }
-            (Control::Rollback, true) => {
-                self.transaction = None;
+            Control::Rollback => {
+                self.abandon();
                 Ok(())
             }
-            (Control::Commit, true) => {
-                let statements = self.transaction.take().unwrap_or_default();
-                if statements.is_empty() {
+            Control::Commit => {
+                let Some(tx) = self.transaction.take() else {
                     return Ok(());
+                };
+                match tx.id {
+                    // Folded: the whole block runs now, as one request.
+                    None if tx.statements.is_empty() => Ok(()),
+                    None => self.send(&tx.statements, true),
+                    Some(id) => match self.client.end(&id, true)? {
+                        None => Ok(()),
+                        Some(why) => Err(ShellError::Sql(format!(
+                            "{why} (the transaction was rolled back)"
+                        ))),
+                    },
                 }
-                self.send(&statements, true)
             }
-            (Control::None, true) => {
-                if let Some(t) = self.transaction.as_mut() {
-                    t.push(sql.to_string());
+            Control::None => {
+                let batch = self.batch;
+                let Some(tx) = self.transaction.as_mut() else {
+                    return self.send(&[sql.to_string()], false);
+                };
+                // A batch's schema change (a dump being restored) cannot
+                // run in an interactive transaction: the block is rolled
+                // back there and run again whole, as one request, at
+                // COMMIT; unless what it showed would be shown twice.
+                if batch
+                    && tx.id.is_some()
+                    && !tx.showed_rows
+                    && !tx.readonly
+                    && is_schema_change(sql)
+                    && let Some(id) = tx.id.take()
+                {
+                    self.client.end(&id, false)?;
                 }
-                Ok(())
+                tx.statements.push(sql.to_string());
+                match tx.id.clone() {
+                    None => Ok(()),
+                    Some(id) => {
+                        let started = Instant::now();
+                        let replies = self.client.request_in(&id, &[sql.to_string()])?;
+                        self.timed(started)?;
+                        // A batch stops at its first error, and the
+                        // transaction with it; at the prompt the
+                        // statement alone is undone and it goes on.
+                        let showed = self.show(replies, batch)?;
+                        if let Some(tx) = self.transaction.as_mut() {
+                            tx.showed_rows |= showed;
+                        }
+                        Ok(())
+                    }
+                }
             }
-            (Control::None, false) => self.send(&[sql.to_string()], false),
         }
     }
 
     fn send(&mut self, statements: &[String], transaction: bool) -> Result<(), ShellError> {
         let started = Instant::now();
         let replies = self.client.request(statements, transaction)?;
-        let elapsed = started.elapsed();
+        self.timed(started)?;
+        self.show(replies, transaction).map(|_| ())
+    }
+
+    fn timed(&mut self, started: Instant) -> Result<(), ShellError> {
+        if self.timer {
+            writeln!(
+                self.out,
+                "Run Time: real {:.6}",
+                started.elapsed().as_secs_f64()
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Writes out the rows of `replies`; the first error fails. Returns
+    /// whether rows were shown.
+    fn show(&mut self, replies: Vec<Reply>, transaction: bool) -> Result<bool, ShellError> {
         let mut first_error = None;
+        let mut showed = false;
         for reply in replies {
             match reply {
                 Reply::Rows {
@@ -223,6 +347,7 @@ impl<W: Write> Shell<W> {
                 } => {
                     let text = render(self.mode, self.headers, &columns, &values);
                     self.out.write_all(text.as_bytes())?;
+                    showed = true;
                 }
                 Reply::Executed { .. } => {}
                 Reply::Error(e) => {
@@ -230,15 +355,12 @@ impl<W: Write> Shell<W> {
                 }
             }
         }
-        if self.timer {
-            writeln!(self.out, "Run Time: real {:.6}", elapsed.as_secs_f64())?;
-        }
         match first_error {
             Some(e) if transaction => Err(ShellError::Sql(format!(
                 "{e} (the transaction was rolled back)"
             ))),
             Some(e) => Err(ShellError::Sql(e)),
-            None => Ok(()),
+            None => Ok(showed),
         }
     }
 

@@ -180,11 +180,17 @@ pub enum StoreError {
         "file-system changes acknowledged since the last flush were lost when committing them failed ({0}); no file-system change is accepted until the store is reopened"
     )]
     PendingLost(SqliteFailure),
-    /// An interactive transaction cannot do what was asked: it is not
-    /// open (or not the caller's), it is busy with another request, or too
-    /// many are open.
+    /// No interactive transaction of that id is open for the caller
+    /// (never begun, ended, another user's; the message says why if it
+    /// was rolled back without its client's word).
     #[error("{0}")]
-    Transaction(String),
+    NoTransaction(String),
+    /// The transaction is running another request.
+    #[error("{0}")]
+    TransactionBusy(String),
+    /// As many interactive transactions are open as the daemon allows.
+    #[error("{0}")]
+    TooManyTransactions(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
@@ -220,7 +226,9 @@ impl StoreError {
                 cause: cause.clone(),
             },
             StoreError::Busy(m) => StoreError::Busy(m.clone()),
-            StoreError::Transaction(m) => StoreError::Transaction(m.clone()),
+            StoreError::NoTransaction(m) => StoreError::NoTransaction(m.clone()),
+            StoreError::TransactionBusy(m) => StoreError::TransactionBusy(m.clone()),
+            StoreError::TooManyTransactions(m) => StoreError::TooManyTransactions(m.clone()),
             StoreError::Io(e) => StoreError::Io(match e.raw_os_error() {
                 Some(code) => std::io::Error::from_raw_os_error(code),
                 None => std::io::Error::new(e.kind(), e.to_string()),

@@ -79,6 +79,6 @@ pub use schema::{LATEST_SCHEMA_VERSION, MEMORY_SCHEMA};
 pub use stats::{MemoryLockStats, StoreStats};
 pub use store::{Propose, ProposeAnswer, Store, Ticket};
 pub use tablix_log::LogId;
-pub use transactions::{Transaction, TxInfo, TxKind, TxStats};
+pub use transactions::{Transaction, TxControl, TxInfo, TxKind, TxStats};
 pub use tx_writer::TxOutcome;
 pub use write_point::{WritePoint, WriteProbe};

@@ -39,12 +39,13 @@ CREATE TEMP VIEW daemon AS
 ";
 
 /// Every view of system state, in creation order.
-fn user_views() -> [&'static str; 4] {
+fn user_views() -> [&'static str; 5] {
     [
         tablix_fs::schema::USER_VIEWS,
         tablix_pipe::schema::USER_VIEWS,
         tablix_proc::schema::USER_VIEWS,
         DAEMON_VIEW,
+        crate::transactions::USER_VIEWS,
     ]
 }
 
@@ -135,6 +136,9 @@ pub(crate) struct Setup {
     pub(crate) rules: Arc<Rules>,
     pub(crate) visibility: ProcVisibility,
     pub(crate) watchdog: Arc<Watchdog>,
+    /// The store's interactive transactions, for the views that report
+    /// them; set once they exist (they keep a `Setup` themselves).
+    pub(crate) transactions: crate::transactions::Reporter,
 }
 
 /// The names of system state, read from a scratch connection laid out as
@@ -250,6 +254,11 @@ impl UserConn {
         let rng = Arc::new(AtomicU64::new(0));
         register_identity(&conn, policy.shared_state(), setup.visibility)?;
         crate::file_data::register(&conn, policy.shared_state())?;
+        crate::transactions::register_report(
+            &conn,
+            policy.shared_state(),
+            setup.transactions.clone(),
+        )?;
         if role == Role::Writer {
             register_random(&conn, &rng, value_limit)?;
         }

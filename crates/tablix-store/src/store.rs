@@ -196,6 +196,7 @@ impl Store {
                 .proc_visibility
                 .unwrap_or_else(ProcVisibility::of_this_system),
             watchdog: Arc::clone(&watchdog),
+            transactions: crate::transactions::Reporter::default(),
         };
         let mut readers = Vec::with_capacity(config.readers.max(1));
         for _ in 0..config.readers.max(1) {
@@ -212,6 +213,7 @@ impl Store {
             },
             Arc::clone(&volatile),
         ));
+        setup.transactions.set(&transactions);
         let fs_readers = readers::open_fs_readers(&config, FS_READERS)?;
         let classifier = Mutex::new(UserConn::open(&setup, Role::Classifier, &image)?);
         let sql = SqlWriter {

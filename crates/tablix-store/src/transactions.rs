@@ -32,6 +32,52 @@ pub enum TxKind {
     ReadOnly,
 }
 
+/// A statement that begins or ends an interactive transaction, as a
+/// client sends it: `BEGIN [DEFERRED | IMMEDIATE | EXCLUSIVE]
+/// [TRANSACTION]`, `BEGIN [TRANSACTION] READONLY` (the seed's), `COMMIT`
+/// or `END [TRANSACTION]`, `ROLLBACK [TRANSACTION]` (not `ROLLBACK TO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxControl {
+    Begin(TxKind),
+    Commit,
+    Rollback,
+}
+
+impl TxControl {
+    /// What `sql` is, if one of those (a trailing `;` and comments aside).
+    pub fn parse(sql: &str) -> Option<TxControl> {
+        use crate::sqltext::{Token, tokens};
+        let mut t = tokens(sql);
+        while t.last() == Some(&Token::Punct(';')) {
+            t.pop();
+        }
+        let words: Vec<&str> = t
+            .iter()
+            .map(|k| match k {
+                Token::Word(w) => Some(w.as_str()),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        match words.as_slice() {
+            ["begin"] | ["begin", "transaction"] => Some(TxControl::Begin(TxKind::ReadWrite)),
+            ["begin", "deferred" | "immediate" | "exclusive"]
+            | [
+                "begin",
+                "deferred" | "immediate" | "exclusive",
+                "transaction",
+            ] => Some(TxControl::Begin(TxKind::ReadWrite)),
+            ["begin", "readonly"] | ["begin", "transaction", "readonly"] => {
+                Some(TxControl::Begin(TxKind::ReadOnly))
+            }
+            ["commit"] | ["commit", "transaction"] | ["end"] | ["end", "transaction"] => {
+                Some(TxControl::Commit)
+            }
+            ["rollback"] | ["rollback", "transaction"] => Some(TxControl::Rollback),
+            _ => None,
+        }
+    }
+}
+
 /// The bounds of interactive transactions.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TxLimits {
@@ -177,7 +223,7 @@ impl Transactions {
     /// Begins a transaction as `who`; returns its id.
     pub(crate) fn begin(&self, who: &Principal, kind: TxKind) -> Result<String, StoreError> {
         if self.table()?.len() >= self.limits.max_open {
-            return Err(StoreError::Transaction(format!(
+            return Err(StoreError::TooManyTransactions(format!(
                 "{} interactive transactions are open, the most tablix allows (--max-transactions); commit or roll back one first",
                 self.limits.max_open
             )));
@@ -232,7 +278,7 @@ impl Transactions {
             {
                 self.release(body);
             }
-            return Err(StoreError::Transaction(format!(
+            return Err(StoreError::TooManyTransactions(format!(
                 "{} interactive transactions are open, the most tablix allows (--max-transactions); commit or roll back one first",
                 self.limits.max_open
             )));
@@ -259,7 +305,7 @@ impl Transactions {
             .lock()
             .ok()
             .and_then(|e| e.iter().find(|(i, _)| i == id).map(|(_, w)| w.clone()));
-        StoreError::Transaction(match why {
+        StoreError::NoTransaction(match why {
             Some(w) => format!("transaction {id} was rolled back: {w}"),
             None => format!(
                 "no open transaction {id} of yours (it was committed or rolled back, or never began); begin a new one"
@@ -279,7 +325,7 @@ impl Transactions {
     ) -> Result<(), StoreError> {
         let entry = self.entry(id, who)?;
         let mut body = entry.body.try_lock().map_err(|_| {
-            StoreError::Transaction(format!(
+            StoreError::TransactionBusy(format!(
                 "transaction {id} is running another request; send its requests one at a time"
             ))
         })?;
@@ -389,7 +435,7 @@ impl Transactions {
     fn end(&self, id: &str, who: &Principal) -> Result<Body, StoreError> {
         let entry = self.entry(id, who)?;
         let mut body = entry.body.try_lock().map_err(|_| {
-            StoreError::Transaction(format!(
+            StoreError::TransactionBusy(format!(
                 "transaction {id} is running another request; send its requests one at a time"
             ))
         })?;
@@ -584,6 +630,73 @@ impl Transactions {
     }
 }
 
+/// The views of interactive transactions user SQL may query: the counters
+/// (`tablix_transaction_stats`, as `/status` has them) and the open
+/// transactions its principal may see (`tablix_transactions`: its own;
+/// root's: every one), each read when queried.
+pub(crate) const USER_VIEWS: &str = "
+CREATE TEMP VIEW tablix_transaction_stats AS
+    SELECT s->>'open' AS open, s->>'open_readonly' AS open_readonly, s->>'begun' AS begun,
+           s->>'committed' AS committed, s->>'conflicts' AS conflicts, s->>'refused' AS refused,
+           s->>'rolled_back' AS rolled_back, s->>'idle_timeouts' AS idle_timeouts,
+           s->>'expired' AS expired, s->>'too_large' AS too_large
+    FROM (SELECT tablix_transactions_json('stats') AS s);
+CREATE TEMP VIEW tablix_transactions AS
+    SELECT t.value->>'id' AS id, t.value->>'kind' AS kind, t.value->>'owner' AS owner,
+           t.value->>'uid' AS uid, t.value->>'age_seconds' AS age_seconds,
+           t.value->>'idle_seconds' AS idle_seconds, t.value->>'changed_bytes' AS changed_bytes
+    FROM json_each(tablix_transactions_json('open')) AS t;
+";
+
+/// Where the views of interactive transactions find them: set once the
+/// store's transactions exist (they hold the sandbox's setup, so the
+/// setup holds them weakly).
+#[derive(Clone, Default)]
+pub(crate) struct Reporter(Arc<std::sync::OnceLock<std::sync::Weak<Transactions>>>);
+
+impl Reporter {
+    pub(crate) fn set(&self, t: &Arc<Transactions>) {
+        let _ = self.0.set(Arc::downgrade(t));
+    }
+
+    fn get(&self) -> Option<Arc<Transactions>> {
+        self.0.get().and_then(std::sync::Weak::upgrade)
+    }
+}
+
+/// Registers `tablix_transactions_json(what)`: the counters ('stats') or
+/// the open transactions the current principal may see ('open'), as JSON.
+pub(crate) fn register_report(
+    conn: &rusqlite::Connection,
+    state: Arc<std::sync::Mutex<crate::policy::State>>,
+    reporter: Reporter,
+) -> rusqlite::Result<()> {
+    use rusqlite::functions::FunctionFlags;
+    let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_INNOCUOUS;
+    conn.create_scalar_function("tablix_transactions_json", 1, flags, move |ctx| {
+        let what: String = ctx.get(0)?;
+        let fail = |e: serde_json::Error| rusqlite::Error::UserFunctionError(Box::new(e));
+        let Some(t) = reporter.get() else {
+            return Ok(match what.as_str() {
+                "stats" => serde_json::to_string(&TxStats::default()).map_err(fail)?,
+                _ => "[]".to_string(),
+            });
+        };
+        match what.as_str() {
+            "stats" => serde_json::to_string(&t.stats()).map_err(fail),
+            "open" => {
+                let who = state.lock().map(|s| s.principal.clone()).map_err(|_| {
+                    rusqlite::Error::UserFunctionError("tablix: a lock was poisoned".into())
+                })?;
+                serde_json::to_string(&t.list(&who)).map_err(fail)
+            }
+            other => Err(rusqlite::Error::UserFunctionError(
+                format!("tablix_transactions_json: unknown report {other:?}").into(),
+            )),
+        }
+    })
+}
+
 /// A new transaction id: 128 random bits in hex.
 fn new_id() -> String {
     let a = getrandom::u64().unwrap_or_else(|_| crate::command::Stamp::now().unix_nanos as u64);
@@ -698,6 +811,46 @@ impl Drop for Transaction<'_> {
     fn drop(&mut self) {
         if self.open {
             let _ = self.store.rollback(&self.id, &self.principal);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transaction_control_is_told_from_other_sql() {
+        let cases = [
+            ("BEGIN", Some(TxControl::Begin(TxKind::ReadWrite))),
+            (
+                "begin transaction;",
+                Some(TxControl::Begin(TxKind::ReadWrite)),
+            ),
+            (
+                "BEGIN IMMEDIATE TRANSACTION",
+                Some(TxControl::Begin(TxKind::ReadWrite)),
+            ),
+            ("BEGIN READONLY", Some(TxControl::Begin(TxKind::ReadOnly))),
+            (
+                "  BEGIN TRANSACTION READONLY ; ",
+                Some(TxControl::Begin(TxKind::ReadOnly)),
+            ),
+            ("COMMIT", Some(TxControl::Commit)),
+            ("END TRANSACTION", Some(TxControl::Commit)),
+            ("ROLLBACK", Some(TxControl::Rollback)),
+            ("ROLLBACK TO sp", None),
+            ("SAVEPOINT sp", None),
+            ("BEGIN READONLY garbage", None),
+            ("SELECT 'BEGIN'", None),
+            (
+                "CREATE TRIGGER t AFTER INSERT ON x BEGIN SELECT 1; END",
+                None,
+            ),
+            ("", None),
+        ];
+        for (sql, want) in cases {
+            assert_eq!(TxControl::parse(sql), want, "{sql:?}");
         }
     }
 }

@@ -1,6 +1,6 @@
 //! `tablix sql`.
 
-use std::io::{IsTerminal, Read};
+use std::io::{BufRead, IsTerminal};
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -60,9 +60,10 @@ pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
             std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".tablix_history"));
         shell.repl(history.as_deref())?;
     } else if !ran_something {
-        let mut text = String::new();
-        stdin.lock().read_to_string(&mut text)?;
-        if let Some(code) = batch(&mut shell, &text) {
+        // Statements run as their lines arrive: a program writing to the
+        // pipe may read each answer before it writes the next.
+        let lines = stdin.lock().lines().map(|l| l.map(|l| l + "\n"));
+        if let Some(code) = report(shell.run_lines(lines)) {
             return Ok(code);
         }
     }
@@ -71,7 +72,13 @@ pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs a batch; on error prints it and returns the exit code to leave with.
 fn batch<W: std::io::Write>(shell: &mut Shell<W>, text: &str) -> Option<ExitCode> {
-    match shell.run_batch(text) {
+    report(shell.run_batch(text))
+}
+
+/// A batch's end: on error it is printed, and the exit code to leave
+/// with returned.
+fn report(r: Result<(), ShellError>) -> Option<ExitCode> {
+    match r {
         Ok(()) => None,
         Err(ShellError::Quit) => Some(ExitCode::SUCCESS),
         Err(e) => {

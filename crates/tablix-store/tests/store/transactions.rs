@@ -63,13 +63,40 @@ fn a_transaction_reads_its_own_writes_privately_and_commits_them_whole() {
         rows(&store, "SELECT v FROM kv ORDER BY k"),
         [[text("a")], [text("b")], [text("c")]]
     );
+    // SQL shows each user their own open transactions, root every one.
+    let alices = store.transaction(&alice(), TxKind::ReadOnly).unwrap();
+    assert_eq!(
+        value(
+            &alices
+                .execute("SELECT kind, owner FROM tablix_transactions")
+                .unwrap()
+        ),
+        [[text("readonly"), text("alice")]]
+    );
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM tablix_transactions"),
+        [[Value::Integer(2)]]
+    );
+    alices.rollback().unwrap();
     assert_eq!(tx.commit().unwrap(), TxOutcome::Committed { rows: 3 });
     assert_eq!(
         rows(&store, "SELECT v FROM kv ORDER BY k"),
         [[text("A")], [text("b")], [text("d")]]
     );
     let s = store.tx_stats();
-    assert_eq!((s.begun, s.committed, s.open), (1, 1, 0));
+    assert_eq!((s.begun, s.committed, s.open), (2, 1, 0));
+    assert_eq!(
+        rows(
+            &store,
+            "SELECT begun, committed, rolled_back, open FROM tablix_transaction_stats"
+        ),
+        [[
+            Value::Integer(2),
+            Value::Integer(1),
+            Value::Integer(1),
+            Value::Integer(0)
+        ]]
+    );
 }
 
 #[test]
@@ -173,7 +200,7 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
         )
         .unwrap_err();
     assert!(
-        matches!(e, StoreError::Transaction(ref m) if m.contains("no open transaction")),
+        matches!(e, StoreError::NoTransaction(ref m) if m.contains("no open transaction")),
         "{e}"
     );
     // Another user's transaction does not exist for them.
@@ -187,7 +214,7 @@ fn bad_requests_get_clear_errors_and_change_nothing() {
             &mut sink,
         )
         .unwrap_err();
-    assert!(matches!(e, StoreError::Transaction(_)), "{e}");
+    assert!(matches!(e, StoreError::NoTransaction(_)), "{e}");
     assert!(store.commit(tx.id(), &alice()).is_err());
     assert!(store.rollback(tx.id(), &alice()).is_err());
     // Too many open.

@@ -5,6 +5,7 @@
 mod cluster;
 mod hardening;
 mod jepsen;
+mod transactions;
 
 use std::collections::BTreeSet;
 
