@@ -96,6 +96,11 @@ impl<O: Out> Encoder<O> {
         self.out
     }
 
+    /// Statements whose results were begun so far.
+    pub(crate) fn statements(&self) -> usize {
+        self.statements
+    }
+
     /// Whether anything has been handed on (a failure of the whole
     /// request can still become an HTTP error until then).
     pub(crate) fn started(&self) -> bool {
@@ -246,6 +251,20 @@ impl<O: Out> Encoder<O> {
             let t = serde_json::to_string(&seconds).unwrap_or_else(|_| "0".into());
             self.raw(&t);
         }
+    }
+
+    /// A statement's result of tablix's own (a transaction begun or
+    /// ended): its fields, as given. Ended by `end_statement`.
+    pub(crate) fn fields(&mut self, pairs: &[(&str, serde_json::Value)]) -> Result<(), Stop> {
+        self.open_statement();
+        for (name, value) in pairs {
+            let first = self.first_key();
+            self.key(3, first, name);
+            let text = serde_json::to_string(value).unwrap_or_else(|_| "null".into());
+            self.raw(&text);
+            self.state = State::Done;
+        }
+        self.check()
     }
 
     /// Closes the response: after the last statement, with the request's

@@ -317,7 +317,7 @@ enum Start {
 
 /// Chunks of a streamed response, sent as they are encoded. The first
 /// chunk is held back: if nothing follows it, it is the whole body.
-struct Channel {
+pub(crate) struct Channel {
     tx: mpsc::Sender<Vec<u8>>,
     /// Says how the response starts (Ok) or that it fails as a whole
     /// (Err), once: before the first chunk is sent.
@@ -393,7 +393,7 @@ pub(crate) async fn stream(
     o: &Options,
     shape: Shape,
     limits: Limits,
-    job: impl FnOnce(&Store, &Limits, &mut dyn Sink) -> Result<(), StoreError> + Send + 'static,
+    job: impl FnOnce(&Store, &Limits, &mut Encoder<Channel>) -> Result<(), StoreError> + Send + 'static,
 ) -> Result<Response, Failure> {
     let started = Instant::now();
     let cancel = CancelOnDrop(limits.cancel.clone());

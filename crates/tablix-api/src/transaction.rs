@@ -1,58 +1,82 @@
-//! Interactive transactions over HTTP, in rqlite's manner: a request
-//! whose one statement is `BEGIN` (or `BEGIN READONLY`) opens one and is
-//! answered with its id; requests carrying `?tx=ID` run their statements
-//! inside it, one request at a time, each answered as any other; a request
-//! of `COMMIT` (or `END`) or `ROLLBACK` with `?tx=ID` ends it. The same on
-//! `/db/execute`, `/db/query` and `/db/request`.
+//! Interactive transactions over HTTP, in rqlite's manner. A request whose
+//! first statement is `BEGIN` (or `BEGIN READONLY`) opens one, answered
+//! with its id as that statement's result, and runs the rest of its
+//! statements inside it; a request carrying `?tx=ID` runs its statements
+//! inside that one; a request whose last statement is `COMMIT` (or `END`)
+//! or `ROLLBACK` ends the transaction once the others ran. So a client
+//! may begin, read, think, and write and commit in two requests, or send
+//! one statement per request. The same on `/db/execute`, `/db/query` and
+//! `/db/request`, answered in their shapes.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
-use tablix_store::{Statement, TxControl, TxKind, TxOutcome};
+use tablix_store::{Statement, StoreError, TxControl, TxKind, TxOutcome};
 
 use crate::encode::Shape;
 use crate::options::Options;
-use crate::server::{App, Failure, Who, json_response, require, stream};
+use crate::server::{App, Failure, Who, require, stream};
 
-/// The header that names a transaction BEGIN opened.
-const TX_HEADER: &str = "x-tablix-transaction";
-
-/// What a request asks of interactive transactions, if anything.
-enum Asked {
-    Begin(TxKind),
-    Commit(String),
-    Rollback(String),
-    Run(String),
+/// What a request asks of interactive transactions.
+struct Asked {
+    /// Begin one first (no `?tx`).
+    begin: Option<TxKind>,
+    /// The open one named by `?tx`.
+    id: Option<String>,
+    /// The statements to run inside it.
+    statements: Vec<Statement>,
+    /// End it last: commit (true) or roll back.
+    end: Option<bool>,
 }
 
-fn asked(o: &Options, sts: &[Statement]) -> Result<Option<Asked>, Failure> {
-    let control = match sts {
-        [one] if matches!(one.params, tablix_store::Params::None) => TxControl::parse(&one.sql),
+fn control(st: &Statement) -> Option<TxControl> {
+    match st.params {
+        tablix_store::Params::None => TxControl::parse(&st.sql),
         _ => None,
-    };
+    }
+}
+
+/// What `sts` with `o` ask of interactive transactions; None if nothing.
+fn asked(o: &Options, sts: &[Statement]) -> Result<Option<Asked>, Failure> {
     let bad = |m: String| Failure(StatusCode::BAD_REQUEST, m);
-    Ok(match (control, &o.tx) {
-        (None, None) => None,
-        (None, Some(id)) => Some(Asked::Run(id.clone())),
-        (Some(TxControl::Begin(kind)), None) => Some(Asked::Begin(kind)),
-        (Some(TxControl::Begin(_)), Some(id)) => {
+    let mut rest: &[Statement] = sts;
+    let mut begin = None;
+    if let Some(TxControl::Begin(kind)) = rest.first().and_then(control) {
+        if let Some(id) = &o.tx {
             return Err(bad(format!(
                 "transaction {id} is open already: COMMIT or ROLLBACK it (as a request with ?tx={id}) before beginning another"
             )));
         }
-        (Some(TxControl::Commit), Some(id)) => Some(Asked::Commit(id.clone())),
-        (Some(TxControl::Rollback), Some(id)) => Some(Asked::Rollback(id.clone())),
-        (Some(TxControl::Commit | TxControl::Rollback), None) => {
+        begin = Some(kind);
+        rest = &rest[1..];
+    }
+    let mut end = None;
+    if let Some(c @ (TxControl::Commit | TxControl::Rollback)) = rest.last().and_then(control) {
+        if begin.is_none() && o.tx.is_none() {
             return Err(bad(
                 "no transaction named: send COMMIT or ROLLBACK with ?tx=ID, the id BEGIN answered"
                     .into(),
             ));
         }
-    })
+        end = Some(c == TxControl::Commit);
+        rest = &rest[..rest.len() - 1];
+    }
+    if begin.is_none() && o.tx.is_none() {
+        return Ok(None);
+    }
+    if rest.iter().any(|s| control(s).is_some()) {
+        return Err(bad(
+            "inside a transaction, BEGIN may come only first and COMMIT, END or ROLLBACK only last in a request".into(),
+        ));
+    }
+    Ok(Some(Asked {
+        begin,
+        id: o.tx.clone(),
+        statements: rest.to_vec(),
+        end,
+    }))
 }
 
 /// Serves the request if it asks something of interactive transactions;
@@ -64,111 +88,102 @@ pub(crate) async fn serve(
     o: &Options,
     shape: Shape,
 ) -> Option<Result<Response, Failure>> {
-    let asked = match asked(o, sts) {
-        Ok(Some(a)) => a,
-        Ok(None) => return None,
-        Err(f) => return Some(Err(f)),
-    };
-    Some(match asked {
-        Asked::Begin(kind) => begin(app, who, kind, o).await,
-        Asked::Run(id) => run(app, who, id, sts.to_vec(), o, shape).await,
-        Asked::Commit(id) => commit(app, who, id, o).await,
-        Asked::Rollback(id) => rollback(app, who, id, o).await,
-    })
-}
-
-/// A transaction's permission: executing for one that writes, querying
-/// for a read-only one.
-fn permitted(who: &Who, kind: TxKind) -> Result<(), Failure> {
-    let caller = &who.0;
-    match kind {
-        TxKind::ReadWrite => require(caller.perms.execute, caller, "execute"),
-        TxKind::ReadOnly => require(caller.perms.query, caller, "query"),
+    match asked(o, sts) {
+        Ok(Some(a)) => Some(run(app, who, a, o, shape).await),
+        Ok(None) => None,
+        Err(f) => Some(Err(f)),
     }
-}
-
-/// Runs blocking store work off the async workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, tablix_store::StoreError> + Send + 'static,
-) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(Failure::from)
-}
-
-fn answer(o: &Options, started: Instant, result: serde_json::Value) -> Response {
-    let mut body = json!({ "results": [result] });
-    if o.timings {
-        body["time"] = json!(started.elapsed().as_secs_f64());
-    }
-    let text = if o.pretty {
-        serde_json::to_string_pretty(&body)
-    } else {
-        serde_json::to_string(&body)
-    };
-    json_response(Body::from(text.unwrap_or_default()))
-}
-
-async fn begin(app: &Arc<App>, who: &Who, kind: TxKind, o: &Options) -> Result<Response, Failure> {
-    permitted(who, kind)?;
-    let started = Instant::now();
-    // On a cluster node the snapshot is the node's state: a level above
-    // `none` waits for it as a read would.
-    crate::cluster::before_read(app, o).await?;
-    let store = Arc::clone(&app.store);
-    let principal = who.0.principal.clone();
-    let id = blocking(move || store.begin(&principal, kind)).await?;
-    let mut r = answer(
-        o,
-        started,
-        json!({ "transaction": id, "readonly": kind == TxKind::ReadOnly }),
-    );
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        r.headers_mut().insert(TX_HEADER, v);
-    }
-    Ok(r)
 }
 
 async fn run(
     app: &Arc<App>,
     who: &Who,
-    id: String,
-    sts: Vec<Statement>,
+    a: Asked,
     o: &Options,
     shape: Shape,
 ) -> Result<Response, Failure> {
-    require(who.0.perms.query || who.0.perms.execute, &who.0, "query")?;
+    let caller = &who.0;
+    match a.begin {
+        Some(TxKind::ReadWrite) => require(caller.perms.execute, caller, "execute")?,
+        Some(TxKind::ReadOnly) => require(caller.perms.query, caller, "query")?,
+        None => require(caller.perms.query || caller.perms.execute, caller, "query")?,
+    }
+    if a.begin.is_some() {
+        // On a cluster node the snapshot is the node's state: a level
+        // above `none` waits for it as a read would.
+        crate::cluster::before_read(app, o).await?;
+    }
     // Statements in a transaction never hold the writer: they are bound
     // as reads are.
     let limits = app.limits(o, false, who.1.as_ref());
-    let principal = who.0.principal.clone();
-    stream(app, o, shape, limits, move |store, limits, sink| {
-        store.run_in(&id, &principal, &sts, limits, sink)
+    let principal = caller.principal.clone();
+    stream(app, o, shape, limits, move |store, limits, enc| {
+        let id = match (a.begin, a.id) {
+            (Some(kind), _) => {
+                let started = std::time::Instant::now();
+                let id = store.begin(&principal, kind)?;
+                // An answer that cannot be encoded is a client gone: the
+                // transaction it began ends at once.
+                let encoded = enc
+                    .fields(&[
+                        ("transaction", json!(id)),
+                        ("readonly", json!(kind == TxKind::ReadOnly)),
+                    ])
+                    .and_then(|()| {
+                        tablix_store::Sink::end_statement(enc, started.elapsed().as_secs_f64())
+                    });
+                if encoded.is_err() {
+                    let _ = store.rollback(&id, &principal);
+                    return Ok(());
+                }
+                id
+            }
+            (None, Some(id)) => id,
+            (None, None) => return Ok(()),
+        };
+        if !a.statements.is_empty() {
+            store.run_in(&id, &principal, &a.statements, limits, enc)?;
+        }
+        let Some(commit) = a.end else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let fields = if commit {
+            match store.commit(&id, &principal) {
+                Ok(TxOutcome::Committed { rows }) => {
+                    vec![("committed", json!(true)), ("rows_affected", json!(rows))]
+                }
+                Ok(TxOutcome::Conflict(m)) => vec![("error", json!(m)), ("conflict", json!(true))],
+                Ok(TxOutcome::Refused(m)) => vec![("error", json!(m))],
+                Err(e) => return ended(enc, e, started),
+            }
+        } else {
+            match store.rollback(&id, &principal) {
+                Ok(()) => vec![("rolled_back", json!(true))],
+                Err(e) => return ended(enc, e, started),
+            }
+        };
+        let _ = enc
+            .fields(&fields)
+            .and_then(|()| tablix_store::Sink::end_statement(enc, started.elapsed().as_secs_f64()));
+        Ok(())
     })
     .await
 }
 
-async fn commit(app: &Arc<App>, who: &Who, id: String, o: &Options) -> Result<Response, Failure> {
-    let started = Instant::now();
-    let store = Arc::clone(&app.store);
-    let principal = who.0.principal.clone();
-    let outcome = blocking(move || store.commit(&id, &principal)).await?;
-    Ok(answer(
-        o,
-        started,
-        match outcome {
-            TxOutcome::Committed { rows } => json!({ "committed": true, "rows_affected": rows }),
-            TxOutcome::Conflict(m) => json!({ "error": m, "conflict": true }),
-            TxOutcome::Refused(m) => json!({ "error": m }),
-        },
-    ))
-}
-
-async fn rollback(app: &Arc<App>, who: &Who, id: String, o: &Options) -> Result<Response, Failure> {
-    let started = Instant::now();
-    let store = Arc::clone(&app.store);
-    let principal = who.0.principal.clone();
-    blocking(move || store.rollback(&id, &principal)).await?;
-    Ok(answer(o, started, json!({ "rolled_back": true })))
+/// The end of a transaction that failed: a request that answered nothing
+/// yet fails whole (a transaction that is not open is 404); one that did
+/// answers the failure as the last statement's result.
+fn ended(
+    enc: &mut crate::encode::Encoder<crate::server::Channel>,
+    e: StoreError,
+    started: std::time::Instant,
+) -> Result<(), StoreError> {
+    if !enc.started() && enc.statements() == 0 {
+        return Err(e);
+    }
+    let _ = enc
+        .fields(&[("error", json!(e.to_string()))])
+        .and_then(|()| tablix_store::Sink::end_statement(enc, started.elapsed().as_secs_f64()));
+    Ok(())
 }

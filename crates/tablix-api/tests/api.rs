@@ -536,13 +536,46 @@ fn interactive_transactions_span_requests_and_the_first_committer_wins() {
     assert_eq!(j["results"][0]["rolled_back"], json!(true), "{j}");
     let (code, _) = s.post(&format!("/db/execute?tx={c}"), r#"["COMMIT"]"#);
     assert_eq!(code, 404);
+    // BEGIN may lead a request and COMMIT end one: read in the first,
+    // write and commit in the second; or all in one.
+    let (_, j) = s.post(
+        "/db/request",
+        r#"["BEGIN", "SELECT balance FROM acct WHERE id = 2"]"#,
+    );
+    let d = tx_id(&j);
+    assert_eq!(j["results"][1]["values"], json!([[0]]), "{j}");
+    let (_, j) = s.post(
+        &format!("/db/request?tx={d}"),
+        r#"["UPDATE acct SET balance = 99 WHERE id = 2", "COMMIT"]"#,
+    );
+    assert_eq!(j["results"][0]["rows_affected"], json!(1), "{j}");
+    assert_eq!(j["results"][1]["committed"], json!(true), "{j}");
+    let (_, j) = s.post(
+        "/db/execute",
+        r#"["BEGIN", "INSERT INTO acct VALUES (3, 3)", "COMMIT"]"#,
+    );
+    assert_eq!(j["results"][2]["committed"], json!(true), "{j}");
+    let (code, j) = s.post(
+        "/db/execute",
+        r#"["BEGIN", "INSERT INTO acct VALUES (4, 4)", "BEGIN"]"#,
+    );
+    assert_eq!(code, 400, "{j}");
+    let (_, j) = s.post(
+        "/db/query",
+        r#"["SELECT id, balance FROM acct ORDER BY id"]"#,
+    );
+    assert_eq!(
+        j["results"][0]["values"],
+        json!([[1, 0], [2, 99], [3, 3]]),
+        "{j}"
+    );
     // /status counts them.
     let (_, body) = s.get("/status");
     let status: Json = serde_json::from_str(&body).unwrap();
     let t = &status["transactions"]["stats"];
     assert_eq!(
         (t["committed"].as_u64(), t["conflicts"].as_u64()),
-        (Some(2), Some(1)),
+        (Some(4), Some(1)),
         "{t}"
     );
     assert_eq!(t["open"], json!(0));

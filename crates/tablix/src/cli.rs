@@ -52,8 +52,6 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     tablix_api::parse_duration(s)
 }
 
-/// A size in bytes, with an optional binary suffix: 4096, 64KiB, 64MiB, 1GiB
-/// (K, M, G and KB, MB, GB mean the same).
 /// Seconds a benchmark's measurement runs: more than 0, at most an hour.
 fn parse_seconds(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -62,6 +60,8 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A size in bytes, with an optional binary suffix: 4096, 64KiB, 64MiB, 1GiB
+/// (K, M, G and KB, MB, GB mean the same).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -241,6 +241,22 @@ pub struct UpArgs {
     /// Most HTTP requests served at once; more wait their turn.
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub max_requests: u64,
+    /// Most interactive transactions (BEGIN over the API or the shell)
+    /// open at once; each holds a connection or two.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub max_transactions: u64,
+    /// An interactive transaction with no request for this long is
+    /// rolled back.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub tx_idle_timeout: std::time::Duration,
+    /// An interactive transaction open this long is rolled back: its
+    /// snapshot keeps the WAL from being restarted.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub tx_max_duration: std::time::Duration,
+    /// Most bytes of pages one interactive transaction may change; a
+    /// statement that would pass it fails, the transaction goes on.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub tx_max_bytes: u64,
     /// This node's id in a cluster (a number other than 0, unique in the
     /// cluster). With --raft: the daemon is a node of a Raft cluster.
     #[arg(long, value_name = "ID", requires = "raft", value_parser = clap::value_parser!(u64).range(1..))]
@@ -539,7 +555,8 @@ pub struct InsertBenchArgs {
 
 #[derive(Args, Debug)]
 pub struct TpsBenchArgs {
-    /// Scratch directory; the seed ran on tmpfs [default: /dev/shm/tablix-bench-tps]
+    /// Scratch directory on the disk to measure; the seed ran on tmpfs
+    /// (/dev/shm) [default: ./target/bench/tps]
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Rows of t1 (the seed's size is 5000000).
@@ -554,6 +571,9 @@ pub struct TpsBenchArgs {
     /// Read-only clients beside them, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = vec![0usize, 1])]
     pub ro: Vec<usize>,
+    /// Read/write clients over HTTP, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2, 3, 4, 16])]
+    pub http_rw: Vec<usize>,
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,

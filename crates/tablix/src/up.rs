@@ -201,6 +201,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     config.readers = args.readers as usize;
     config.read_timeout = args.statement_timeout;
     config.write_timeout = args.write_timeout;
+    config.max_transactions = usize::try_from(args.max_transactions).unwrap_or(usize::MAX);
+    config.tx_idle_timeout = args.tx_idle_timeout;
+    config.tx_max_duration = args.tx_max_duration;
+    config.tx_max_bytes = usize::try_from(args.tx_max_bytes).unwrap_or(usize::MAX);
     config.max_result_bytes = usize::try_from(args.max_result_bytes).unwrap_or(usize::MAX);
     config.memory_limit = args.memory_limit;
     config.wal_limit = args.wal_limit;

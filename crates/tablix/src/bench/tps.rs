@@ -4,7 +4,8 @@
 //! keys, read-only transactions of five range reads; rw clients 1..4 and
 //! ro clients 0..1, through tablix's embedded API and its HTTP API,
 //! against stock SQLite with one writer (WAL; synchronous OFF and FULL)
-//! in the same run.
+//! in the same run. tablix's writes are durable as stock's FULL (sync
+//! mode: the command log is synced before a commit is answered).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -284,6 +285,177 @@ fn embedded(
     )
 }
 
+/// A daemon of this build, without a mount, for the HTTP figures.
+struct HttpDaemon {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Drop for HttpDaemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(data: &Path) -> anyhow::Result<HttpDaemon> {
+    let exe = std::env::current_exe()?;
+    let (child, addr) = super::daemon::spawn_ready(
+        std::process::Command::new(exe)
+            .args([
+                "up",
+                "--mode",
+                "sync",
+                "--http",
+                "127.0.0.1:0",
+                "--write-timeout",
+                "300s",
+                "--max-transactions",
+                "256",
+                "--data",
+            ])
+            .arg(data)
+            .env("TABLIX_LOG", "warn")
+            .stderr(std::process::Stdio::inherit()),
+    )?;
+    Ok(HttpDaemon { child, addr })
+}
+
+/// Posts `statements` to `path`; the answer's results, failing on an
+/// answer that is not 200 or reports an error other than a conflict.
+fn post(agent: &ureq::Agent, url: &str, statements: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let body = serde_json::to_string(statements)?;
+    let text = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body)?
+        .body_mut()
+        .read_to_string()?;
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    if let Some(e) = json["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|r| r["error"].as_str())
+        && json["results"][0]["conflict"] != serde_json::Value::Bool(true)
+    {
+        bail!("{e}");
+    }
+    Ok(json)
+}
+
+fn tx_of(json: &serde_json::Value) -> anyhow::Result<String> {
+    json["results"][0]["transaction"]
+        .as_str()
+        .map(String::from)
+        .with_context(|| format!("BEGIN answered no transaction: {json}"))
+}
+
+/// How a client over HTTP sends a transaction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Requests {
+    /// BEGIN, each statement, COMMIT: one request each (seven).
+    PerStatement,
+    /// BEGIN with the statements, then COMMIT: two requests.
+    Two,
+}
+
+/// The HTTP API: each client begins, runs its five statements and
+/// commits, in requests as `shape` says, on a keep-alive connection.
+fn over_http(
+    addr: &str,
+    rows: u64,
+    rw: usize,
+    ro: usize,
+    seconds: f64,
+    shape: Requests,
+) -> anyhow::Result<Rates> {
+    let tally = Arc::new(Tally::default());
+    let url = format!("http://{addr}/db/request");
+    let u1 = url.clone();
+    clients(
+        rw,
+        ro,
+        seconds,
+        &tally,
+        move |_, stop, tally| {
+            let agent = ureq::Agent::new_with_defaults();
+            let sql = replace_sql(rows);
+            let batch = ["BEGIN", &sql, &sql, &sql, &sql, &sql];
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    let id = match shape {
+                        Requests::PerStatement => {
+                            let id = tx_of(&post(&agent, &u1, &["BEGIN"])?)?;
+                            for _ in 0..5 {
+                                post(&agent, &format!("{u1}?tx={id}"), &[&sql])?;
+                            }
+                            id
+                        }
+                        Requests::Two => tx_of(&post(&agent, &u1, &batch)?)?,
+                    };
+                    let done = post(&agent, &format!("{u1}?tx={id}"), &["COMMIT"])?;
+                    Ok::<_, anyhow::Error>(done["results"][0]["committed"] == true)
+                })();
+                match r {
+                    Ok(true) => {
+                        tally.rw.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(false) => {
+                        tally.conflicts.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tally.fail(e.to_string()),
+                }
+            }
+        },
+        move |_, stop, tally| {
+            let agent = ureq::Agent::new_with_defaults();
+            let sql = range_sql(rows);
+            let batch = ["BEGIN READONLY", &sql, &sql, &sql, &sql, &sql];
+            while !stop.load(Ordering::Relaxed) {
+                let r = (|| {
+                    let id = match shape {
+                        Requests::PerStatement => {
+                            let id = tx_of(&post(&agent, &url, &["BEGIN READONLY"])?)?;
+                            for _ in 0..5 {
+                                post(&agent, &format!("{url}?tx={id}"), &[&sql])?;
+                            }
+                            id
+                        }
+                        Requests::Two => tx_of(&post(&agent, &url, &batch)?)?,
+                    };
+                    post(&agent, &format!("{url}?tx={id}"), &["COMMIT"])?;
+                    Ok::<_, anyhow::Error>(())
+                })();
+                match r {
+                    Ok(()) => {
+                        tally.ro.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => tally.fail(e.to_string()),
+                }
+            }
+        },
+    )
+}
+
+/// Creates the seed's table with `rows` rows through a daemon's API.
+fn load_http(addr: &str, rows: u64) -> anyhow::Result<()> {
+    let agent = ureq::Agent::new_with_defaults();
+    let url = format!("http://{addr}/db/execute?transaction");
+    let schema: Vec<&str> = SCHEMA.split(';').filter(|s| !s.trim().is_empty()).collect();
+    post(&agent, &url, &schema)?;
+    let mut from = 1;
+    while from <= rows {
+        let to = (from + LOAD_CHUNK - 1).min(rows);
+        post(&agent, &url, &[&load_sql(from, to)])?;
+        from = to + 1;
+    }
+    Ok(())
+}
+
 /// Creates the seed's table with `rows` rows in a stock database.
 fn load_stock(path: &Path, rows: u64) -> anyhow::Result<()> {
     for suffix in ["", "-wal", "-shm"] {
@@ -338,8 +510,8 @@ struct Row {
 }
 
 pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
-    if a.rows == 0 || a.repeat == 0 || a.rw.is_empty() || a.rw.contains(&0) {
-        bail!("--rows, --repeat and every --rw count must be positive");
+    if a.rows == 0 || a.repeat == 0 || a.rw.contains(&0) || a.http_rw.contains(&0) {
+        bail!("--rows, --repeat and every --rw and --http-rw count must be positive");
     }
     let dir: PathBuf = a
         .dir
@@ -357,8 +529,13 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
     let _ = std::fs::remove_dir_all(&data);
     let mut config = StoreConfig::new(&data);
     config.write_timeout = Duration::from_secs(300);
+    config.max_transactions = 256;
     let store = Arc::new(Store::open(config)?);
     load_store(&store, a.rows)?;
+    let daemon_data = dir.join("tablix-daemon");
+    let _ = std::fs::remove_dir_all(&daemon_data);
+    let daemon = start_daemon(&daemon_data)?;
+    load_http(&daemon.addr, a.rows)?;
 
     let mut table: Vec<(String, usize, Vec<Rates>)> = Vec::new();
     let mut add = |what: String, clients: usize, r: Rates| match table
@@ -382,10 +559,20 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
                 let r = embedded(&store, a.rows, rw, ro, a.seconds)?;
                 add(format!("tablix embedded, rw:{rw}, ro:{ro}"), rw, r);
             }
+            for &rw in &a.http_rw {
+                for (shape, how) in [
+                    (Requests::PerStatement, "a request per statement"),
+                    (Requests::Two, "BEGIN with the statements, then COMMIT"),
+                ] {
+                    let r = over_http(&daemon.addr, a.rows, rw, ro, a.seconds, shape)?;
+                    add(format!("tablix over HTTP ({how}), rw:{rw}, ro:{ro}"), rw, r);
+                }
+            }
         }
         eprintln!("round {}/{} done", round + 1, a.repeat);
     }
     drop(store);
+    drop(daemon);
     let rows: Vec<Row> = table
         .into_iter()
         .map(|(what, clients, runs)| Row {
@@ -398,10 +585,12 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
             },
         })
         .collect();
-    let base = rows
-        .iter()
-        .find(|r| r.what.contains("synchronous=OFF"))
-        .map_or(f64::NAN, |r| r.rates.rw);
+    let base_of = |sync: &str| {
+        rows.iter()
+            .find(|r| r.what.contains(sync))
+            .map_or(f64::NAN, |r| r.rates.rw)
+    };
+    let (base, base_full) = (base_of("synchronous=OFF"), base_of("synchronous=FULL"));
     println!(
         "\nTPS, the seed's benchmark ({} rows, {} s per run, median of {}; tablix stores its data in {}):\n",
         a.rows,
@@ -410,9 +599,9 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
         dir.display()
     );
     println!(
-        "| configuration | TPS per client | TPS total (read-only) | conflicts | vs stock rw:1 OFF |"
+        "| configuration | TPS per client | TPS total (read-only) | conflicts | vs stock rw:1 OFF | vs stock rw:1 FULL |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for r in &rows {
         let ro = if r.rates.ro > 0.0 {
             format!(" ({:.0})", r.rates.ro)
@@ -420,13 +609,14 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
             String::new()
         };
         println!(
-            "| {} | {:.0} | {:.0}{} | {:.1}% | {:.2} |",
+            "| {} | {:.0} | {:.0}{} | {:.1}% | {:.2} | {:.2} |",
             r.what,
             r.rates.rw / r.clients as f64,
             r.rates.rw,
             ro,
             r.rates.conflict_rate * 100.0,
-            r.rates.rw / base
+            r.rates.rw / base,
+            r.rates.rw / base_full
         );
     }
     Ok(ExitCode::SUCCESS)
