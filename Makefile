@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -75,13 +75,17 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 ## Benchmarks (not part of `make test`).
-bench: bench-insert bench-log bench-pcache bench-fs bench-pipe bench-hostile
+bench: bench-insert bench-tps bench-log bench-pcache bench-fs bench-pipe bench-hostile
 
 bench-pcache: build
 	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
 
 bench-insert: build
 	./target/release/tablix bench insert $(BENCH_ARGS)
+
+## The seed's TPS benchmark: interactive transactions against stock SQLite.
+bench-tps: build
+	./target/release/tablix bench tps $(BENCH_ARGS)
 
 ## Where a command log should live, against the state's commit alone.
 bench-log: build
