@@ -583,3 +583,77 @@ fn a_proposal_sent_twice_is_applied_once_and_both_senders_get_its_reply() {
         stop(a, a_store).await;
     });
 }
+
+#[test]
+fn interactive_transactions_on_followers_commit_through_the_leader_with_one_verdict_everywhere() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let nodes = form(3, |id, how| {
+            start(id, dirs[id as usize - 1].path(), how, 5000)
+        })
+        .await;
+        nodes[0]
+            .0
+            .propose(stamped(
+                1,
+                sql(&[
+                    "CREATE TABLE acct(id INTEGER PRIMARY KEY, balance INTEGER)",
+                    "INSERT INTO acct VALUES (1, 100), (2, 100)",
+                ]),
+            ))
+            .await
+            .unwrap();
+        for (node, _) in &nodes {
+            node.handle()
+                .read_barrier(ReadBarrier::Leader)
+                .await
+                .unwrap();
+        }
+        // Two transactions, on two followers, change the same row; each
+        // reads its own node's snapshot. The first to commit wins on every
+        // node; the second conflicts everywhere.
+        let (s2, s3) = (Arc::clone(&nodes[1].1), Arc::clone(&nodes[2].1));
+        let outcomes = tokio::task::spawn_blocking(move || {
+            let root = tablix_store::Principal::root();
+            let t2 = s2
+                .transaction(&root, tablix_store::TxKind::ReadWrite)
+                .unwrap();
+            let t3 = s3
+                .transaction(&root, tablix_store::TxKind::ReadWrite)
+                .unwrap();
+            t2.execute("UPDATE acct SET balance = balance - 10 WHERE id = 1")
+                .unwrap();
+            t3.execute("UPDATE acct SET balance = balance + 10 WHERE id = 1")
+                .unwrap();
+            // A random value is taken once, where the statement ran.
+            t2.execute("INSERT INTO acct VALUES (3, abs(random()) % 1000 + 1000)")
+                .unwrap();
+            (t2.commit().unwrap(), t3.commit().unwrap())
+        })
+        .await
+        .unwrap();
+        assert!(outcomes.0.is_committed(), "{outcomes:?}");
+        assert!(
+            matches!(outcomes.1, tablix_store::TxOutcome::Conflict(_)),
+            "{outcomes:?}"
+        );
+        for (node, _) in &nodes {
+            node.handle()
+                .read_barrier(ReadBarrier::Leader)
+                .await
+                .unwrap();
+        }
+        let want = rows(&nodes[0].1, "SELECT id, balance FROM acct ORDER BY id");
+        assert_eq!(want[0], vec![Value::Integer(1), Value::Integer(90)]);
+        assert_eq!(want.len(), 3);
+        for (_, store) in &nodes[1..] {
+            assert_eq!(
+                rows(store, "SELECT id, balance FROM acct ORDER BY id"),
+                want
+            );
+        }
+        for (node, store) in nodes {
+            stop(node, store).await;
+        }
+    });
+}
