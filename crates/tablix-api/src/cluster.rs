@@ -2,7 +2,8 @@
 //! voter, and with `nonvoters` every learner, each asked whether it is
 //! reachable), `/join` and `/remove` (membership changes, carried out by
 //! the leader whichever node takes them). On a daemon that is not a
-//! cluster node they answer 503 and say so.
+//! cluster node `/nodes` describes that daemon alone, and `/join` and
+//! `/remove` answer 503 and say so.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +35,7 @@ fn handle(app: &App) -> Result<&ClusterHandle, Failure> {
 
 /// rqlite's shape of one node: an id-keyed map by default, a list under
 /// "nodes" with `ver=2`.
-fn node_json(n: &NodeReport) -> Value {
+pub(crate) fn node_json(n: &NodeReport) -> Value {
     let mut v = json!({
         "id": n.id.to_string(),
         "api_addr": n.api_addr.clone().unwrap_or_default(),
@@ -59,9 +60,19 @@ pub(crate) async fn nodes(
     if let Err(f) = checked {
         return f.into_response();
     }
-    let cluster = match handle(&app) {
-        Ok(c) => c.clone(),
-        Err(f) => return f.into_response(),
+    let Some(cluster) = app.config.cluster.clone() else {
+        // A daemon that is no node of a cluster is its only node.
+        let me = crate::maintenance::this_node(&app);
+        let body = if params.get("ver").map(String::as_str) == Some("2") {
+            json!({ "nodes": [me] })
+        } else {
+            let mut v = me;
+            if let Some(o) = v.as_object_mut() {
+                o.remove("id");
+            }
+            json!({ "1": v })
+        };
+        return Json(body).into_response();
     };
     let learners = params.contains_key("nonvoters");
     let reports = cluster.nodes(learners, ASK).await;

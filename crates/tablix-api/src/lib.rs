@@ -22,6 +22,7 @@ mod cluster;
 mod encode;
 mod identity;
 mod listen;
+mod maintenance;
 mod options;
 mod server;
 mod sock_diag;

@@ -17,8 +17,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::json;
 use tablix_store::{
-    Cancel, Cell, Limits, Sink, SqlCommand, Stamp, Stamped, Statement, StatementOutcome,
-    StatementResult, Stop, Store, StoreError, Value,
+    Cancel, Limits, SqlCommand, Stamp, Stamped, Statement, Stop, Store, StoreError,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -67,7 +66,7 @@ pub struct ServerInfo {
 
 pub(crate) struct App {
     pub(crate) store: Arc<Store>,
-    info: ServerInfo,
+    pub(crate) info: ServerInfo,
     pub(crate) config: ApiConfig,
     auth: Arc<AuthFile>,
     started: Instant,
@@ -98,6 +97,16 @@ pub fn router(
             Arc::clone(&app),
             crate::cluster::redirect,
         ))
+        .route("/db/backup", get(crate::maintenance::backup))
+        .route("/db/load", axum::routing::post(crate::maintenance::load))
+        .route("/boot", axum::routing::post(crate::maintenance::boot))
+        .route("/leader", get(crate::maintenance::leader))
+        .route("/debug/vars", get(crate::maintenance::vars))
+        .route(
+            "/snapshot",
+            axum::routing::post(crate::maintenance::snapshot),
+        )
+        .route("/reap", axum::routing::post(crate::maintenance::reap))
         .route("/status", get(status))
         .route("/readyz", get(readyz))
         .route("/nodes", get(crate::cluster::nodes))
@@ -108,7 +117,17 @@ pub fn router(
         )
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower::limit::GlobalConcurrencyLimitLayer::new(max))
+        .layer(axum::middleware::map_response(version_header))
         .with_state(app)
+}
+
+/// rqlite's clients read the server's version from this header.
+async fn version_header(mut r: Response) -> Response {
+    r.headers_mut().insert(
+        "x-rqlite-version",
+        HeaderValue::from_static(concat!("tablix ", env!("CARGO_PKG_VERSION"))),
+    );
+    r
 }
 
 /// An error answered for the whole request.
@@ -231,51 +250,8 @@ impl App {
     }
 }
 
-/// Replays gathered results into an encoder. Results that outgrow the
-/// bound as encoded end, as streamed ones do, at a row with the error.
-fn replay(outcomes: &[StatementOutcome], sink: &mut dyn Sink) -> Result<(), Stop> {
-    for out in outcomes {
-        let r = match &out.result {
-            StatementResult::Rows(rows) => replay_rows(rows, sink),
-            StatementResult::Executed {
-                last_insert_id,
-                rows_affected,
-            } => sink.executed(*last_insert_id, *rows_affected),
-            StatementResult::Error(m) => sink.error(m),
-        };
-        match r {
-            Ok(()) => sink.end_statement(out.seconds)?,
-            Err(Stop::TooLarge(m)) => {
-                sink.error(&m)?;
-                sink.end_statement(out.seconds)?;
-                return Err(Stop::TooLarge(m));
-            }
-            Err(stop @ (Stop::Gone | Stop::Failed(_))) => return Err(stop),
-        }
-    }
-    Ok(())
-}
-
-fn replay_rows(rows: &tablix_store::Rows, sink: &mut dyn Sink) -> Result<(), Stop> {
-    sink.columns(&rows.columns)?;
-    for row in &rows.values {
-        let cells: Vec<Cell<'_>> = row
-            .iter()
-            .map(|v| match v {
-                Value::Null => Cell::Null,
-                Value::Integer(i) => Cell::Integer(*i),
-                Value::Real(f) => Cell::Real(*f),
-                Value::Text(t) => Cell::Text(t.as_bytes()),
-                Value::Blob(b) => Cell::Blob(b),
-            })
-            .collect();
-        sink.row(&cells)?;
-    }
-    sink.end_rows(&rows.types)
-}
-
 async fn write(
-    app: &App,
+    app: &Arc<App>,
     who: &Who,
     sts: Vec<Statement>,
     o: &Options,
@@ -283,6 +259,9 @@ async fn write(
 ) -> Result<Response, Failure> {
     let caller = &who.0;
     require(caller.perms.execute, caller, "execute")?;
+    if crate::maintenance::is_vacuum(&sts) {
+        return crate::maintenance::vacuum(app, who).await;
+    }
     let started = Instant::now();
     let limits = app.limits(o, true, who.1.as_ref());
     let _cancel = CancelOnDrop(limits.cancel.clone());
@@ -299,7 +278,7 @@ async fn write(
     let mut enc = Encoder::new(Vec::new(), o, shape, max);
     // The results were gathered within the bound already; an encoding
     // that still outgrows it ends with the statement's error.
-    let _ = replay(&applied.statements, &mut enc);
+    let _ = tablix_store::replay(&applied.statements, &mut enc);
     let chunks = enc
         .finish(started.elapsed().as_secs_f64())
         .map_err(|_| Failure(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed".into()))?;
@@ -620,6 +599,8 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
                 "memory_limit": c.memory_limit,
                 "wal_limit": c.wal_limit,
                 "stats": app.store.stats(),
+                // What rqlite's shell asks before a restore.
+                "sqlite3": { "fk_constraints": "enabled", "version": rusqlite_version() },
             },
             "transactions": {
                 "max_open": c.max_transactions,
@@ -658,6 +639,10 @@ async fn status(State(app): Shared, who: Result<Who, Failure>) -> Response {
         }
         Ok(Json(out).into_response())
     })())
+}
+
+fn rusqlite_version() -> &'static str {
+    tablix_store::sqlite_version()
 }
 
 /// Ready when the store takes Commands: answered without a reader, so a

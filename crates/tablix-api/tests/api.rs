@@ -580,3 +580,179 @@ fn interactive_transactions_span_requests_and_the_first_committer_wins() {
     );
     assert_eq!(t["open"], json!(0));
 }
+
+impl Server {
+    fn get_bytes(&self, path: &str) -> (u16, Vec<u8>, Option<String>) {
+        let mut r = self
+            .agent
+            .get(format!("{}{path}", self.base))
+            .call()
+            .unwrap();
+        let version = r
+            .headers()
+            .get("x-rqlite-version")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        (
+            r.status().as_u16(),
+            r.body_mut()
+                .with_config()
+                .limit(1 << 30)
+                .read_to_vec()
+                .unwrap(),
+            version,
+        )
+    }
+
+    fn post_bytes(&self, path: &str, body: &[u8]) -> (u16, Json) {
+        let mut r = self
+            .agent
+            .post(format!("{}{path}", self.base))
+            .send(body)
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Json::String(text)),
+        )
+    }
+}
+
+#[test]
+fn rqlite_maintenance_endpoints_back_up_load_and_describe_the_node() {
+    let s = server(8 << 20);
+    s.post(
+        "/db/execute",
+        r#"["CREATE TABLE t(k INTEGER PRIMARY KEY, v TEXT)", "INSERT INTO t(v) VALUES ('one'); INSERT INTO t(v) VALUES ('two')"]"#,
+    );
+    // Several statements in one element run, and answer as the last.
+    let (_, j) = s.post("/db/request", r#"["SELECT 1 AS x; SELECT count(*) AS n FROM t", "INSERT INTO t(v) VALUES ('three'); SELECT 5"]"#);
+    assert_eq!(j["results"][0]["columns"], json!(["n"]), "{j}");
+    assert_eq!(j["results"][0]["values"], json!([[2]]), "{j}");
+    assert!(j["results"][1].get("error").is_none(), "{j}");
+    let (_, j) = s.post(
+        "/db/execute",
+        r#"["INSERT INTO t(v) VALUES ('x'); INSERT INTO nowhere VALUES (1)"]"#,
+    );
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("nowhere"),
+        "{j}"
+    );
+    // The version header rqlite's shell reads.
+    let (code, _, version) = s.get_bytes("/status");
+    assert_eq!(code, 200);
+    assert!(version.unwrap().starts_with("tablix "));
+    // A backup is a SQLite file of the user tables, or SQL.
+    let (code, file, _) = s.get_bytes("/db/backup");
+    assert_eq!(code, 200);
+    assert!(file.starts_with(b"SQLite format 3\0"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.db");
+    std::fs::write(&path, &file).unwrap();
+    let b = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = b
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    let system: i64 = b
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name LIKE 'tablix%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!((n, system), (4, 0));
+    drop(b);
+    let (code, sql, _) = s.get_bytes("/db/backup?fmt=sql");
+    assert_eq!(code, 200);
+    let sql = String::from_utf8(sql).unwrap();
+    assert!(
+        sql.starts_with("BEGIN TRANSACTION;") && sql.contains("'three'"),
+        "{sql}"
+    );
+    // Loading the file back replaces the user tables; SQL text loads as
+    // one transaction.
+    s.post(
+        "/db/execute",
+        r#"["DELETE FROM t", "CREATE TABLE extra(x)"]"#,
+    );
+    let (code, j) = s.post_bytes("/db/load", &file);
+    assert_eq!(code, 200, "{j}");
+    assert!(j["results"][0].get("error").is_none(), "{j}");
+    let (_, j) = s.post(
+        "/db/query",
+        r#"["SELECT count(*) FROM t", "SELECT count(*) FROM sqlite_schema WHERE name = 'extra'"]"#,
+    );
+    assert_eq!(
+        (&j["results"][0]["values"], &j["results"][1]["values"]),
+        (&json!([[4]]), &json!([[0]])),
+        "{j}"
+    );
+    let (_, j) = s.post_bytes(
+        "/db/load",
+        b"PRAGMA foreign_keys=OFF;\nBEGIN TRANSACTION;\nCREATE TABLE u(a);\nINSERT INTO u VALUES(1);\nINSERT INTO u VALUES(2);\nCOMMIT;\n",
+    );
+    assert_eq!(j["results"][0]["rows_affected"], json!(2), "{j}");
+    // A load that fails changes nothing.
+    let (_, j) = s.post_bytes(
+        "/db/load",
+        b"INSERT INTO u VALUES(3);\nINSERT INTO missing VALUES(1);",
+    );
+    assert!(
+        j["results"][0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("nothing of it was applied"),
+        "{j}"
+    );
+    let (_, j) = s.post("/db/query", r#"["SELECT count(*) FROM u"]"#);
+    assert_eq!(j["results"][0]["values"], json!([[2]]), "{j}");
+    // A data directory's database is refused, as is garbage, for /boot.
+    let own = dir.path().join("own.db");
+    rusqlite::Connection::open(&own)
+        .unwrap()
+        .execute_batch("CREATE TABLE tablix_meta(key, value); CREATE TABLE t(k, v)")
+        .unwrap();
+    let data = std::fs::read(&own).unwrap();
+    let (code, j) = s.post_bytes("/db/load", &data);
+    assert_eq!(code, 400, "{j}");
+    assert!(
+        j["error"].as_str().unwrap().contains("tablix's own tables"),
+        "{j}"
+    );
+    let (code, _) = s.post_bytes("/boot", b"not a database");
+    assert_eq!(code, 400);
+    let (code, j) = s.post_bytes("/boot", &file);
+    assert_eq!(code, 200, "{j}");
+    // A single daemon is its only node and its own leader.
+    let (code, body) = s.get("/nodes?ver=2");
+    let nodes: Json = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (code, &nodes["nodes"][0]["leader"]),
+        (200, &json!(true)),
+        "{body}"
+    );
+    let (code, body) = s.get("/leader");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"leader\":true"), "{body}");
+    let (code, body) = s.get("/debug/vars");
+    assert_eq!(code, 200);
+    assert!(body.contains("\"transactions\""), "{body}");
+    // VACUUM is maintenance of the whole file: root (this test's owner
+    // of the socket may not be) or raw.
+    let (_, j) = s.post("/db/execute", r#"["VACUUM"]"#);
+    let me = nix::unistd::geteuid().as_raw();
+    if me == 0 {
+        assert!(j["results"][0].get("error").is_none(), "{j}");
+    } else {
+        assert!(
+            j["results"][0]["error"].as_str().unwrap().contains("raw"),
+            "{j}"
+        );
+    }
+    let (_, j) = s.post("/db/query", r#"["SELECT count(*) FROM t"]"#);
+    assert_eq!(j["results"][0]["values"], json!([[4]]), "{j}");
+}

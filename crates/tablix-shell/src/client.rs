@@ -209,6 +209,17 @@ impl Client {
         path: &str,
         body: Option<String>,
     ) -> Result<(u16, String), ClientError> {
+        let (status, bytes) = self.send_bytes(method, path, body.map(String::into_bytes))?;
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    /// Sends one request of bytes; the status and body of the answer.
+    fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
         match &self.transport {
             Transport::Tcp {
                 base,
@@ -224,7 +235,7 @@ impl Client {
                             if let Some(a) = &self.authorization {
                                 req = req.header("Authorization", a);
                             }
-                            req.send(b.as_str())
+                            req.send(b.as_slice())
                         }
                         None => {
                             let mut req = agent.get(&url);
@@ -272,13 +283,13 @@ impl Client {
                     Err(e) => return Err(self.unreachable(e)),
                 };
                 let status = response.status().as_u16();
-                let text = response
+                let bytes = response
                     .body_mut()
                     .with_config()
                     .limit(MAX_RESPONSE)
-                    .read_to_string()
+                    .read_to_vec()
                     .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                Ok((status, text))
+                Ok((status, bytes))
             }
             Transport::Unix {
                 path: socket,
@@ -292,8 +303,8 @@ impl Client {
         socket: &Path,
         method: &str,
         path: &str,
-        body: Option<String>,
-    ) -> Result<(u16, String), ClientError> {
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
         use http_body_util::BodyExt;
         let stream = tokio::net::UnixStream::connect(socket)
             .await
@@ -332,7 +343,7 @@ impl Client {
             .map_err(|e| ClientError::Protocol(e.to_string()))?
             .to_bytes();
         driver.abort();
-        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+        Ok((status, bytes.to_vec()))
     }
 
     fn post(&self, path: &str, body: &Json) -> Result<Json, ClientError> {
@@ -397,6 +408,50 @@ impl Client {
         let sql = if commit { "COMMIT" } else { "ROLLBACK" };
         let json = self.post(&format!("/db/request?tx={tx}"), &json!([sql]))?;
         Ok(json["results"][0]["error"].as_str().map(String::from))
+    }
+
+    /// The user tables from `/db/backup`: SQL text (`sql`) or a SQLite
+    /// database; only those of `only`, if any.
+    pub fn backup(&self, sql: bool, only: &[String]) -> Result<Vec<u8>, ClientError> {
+        let mut path = format!("/db/backup?fmt={}", if sql { "sql" } else { "binary" });
+        if !only.is_empty() {
+            path.push_str("&tables=");
+            path.push_str(&only.join(","));
+        }
+        let (status, body) = self.send_bytes("GET", &path, None)?;
+        if status != 200 {
+            let text = String::from_utf8_lossy(&body);
+            let message = serde_json::from_str::<Json>(&text)
+                .ok()
+                .and_then(|j| j["error"].as_str().map(String::from))
+                .unwrap_or_else(|| text.trim().to_string());
+            return Err(ClientError::Refused { status, message });
+        }
+        Ok(body)
+    }
+
+    /// Loads a SQLite database or SQL text through `/db/load`; what the
+    /// daemon answered, or its error.
+    pub fn load(&self, data: Vec<u8>) -> Result<String, ClientError> {
+        let (status, body) = self.send_bytes("POST", "/db/load", Some(data))?;
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let json: Json = serde_json::from_str(&text)
+            .map_err(|_| ClientError::Protocol(format!("HTTP {status}: {text}")))?;
+        if status != 200 {
+            let message = json["error"].as_str().unwrap_or(&text).to_string();
+            return Err(ClientError::Refused { status, message });
+        }
+        let r = &json["results"][0];
+        match r["error"].as_str() {
+            Some(e) => Err(ClientError::Refused {
+                status,
+                message: e.to_string(),
+            }),
+            None => Ok(format!(
+                "restored: {} rows affected",
+                r["rows_affected"].as_u64().unwrap_or(0)
+            )),
+        }
     }
 
     /// Runs read-only statements on one snapshot through `/db/query`.

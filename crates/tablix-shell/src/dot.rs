@@ -3,6 +3,7 @@
 use crate::format::Mode;
 
 pub(crate) const HELP: &str = "\
+.backup FILE            Write the user tables to FILE as a SQLite database
 .consistency ?LEVEL?     Show or set the read consistency: none, weak,
                          linearizable, strong or auto (a cluster's reads)
 .dump ?TABLE...?         Render the user tables (or those named) as SQL
@@ -13,6 +14,8 @@ pub(crate) const HELP: &str = "\
 .nodes                   Show the cluster's nodes, as the daemon asked sees them
 .quit, .exit             Leave the shell
 .read FILE               Run the SQL and dot-commands in FILE
+.restore FILE            Replace the user tables with those of FILE (a
+                         SQLite database, or SQL) in one transaction
 .schema ?PATTERN?        Show CREATE statements (LIKE pattern on the name)
 .tables ?PATTERN?        List tables and views, system tables as mem.NAME
 .timer on|off            Report how long each statement took
@@ -20,6 +23,8 @@ pub(crate) const HELP: &str = "\
 
 #[derive(Debug, PartialEq)]
 pub(crate) enum Dot {
+    Backup(String),
+    Restore(String),
     Consistency(Option<String>),
     Dump(Vec<String>),
     Leader,
@@ -90,6 +95,14 @@ pub(crate) fn parse(line: &str) -> Result<Dot, String> {
             )),
         },
         "dump" => Ok(Dot::Dump(args)),
+        "backup" | "save" => match args.as_slice() {
+            [file] => Ok(Dot::Backup(file.clone())),
+            _ => Err("usage: .backup FILE".into()),
+        },
+        "restore" => match args.as_slice() {
+            [file] => Ok(Dot::Restore(file.clone())),
+            _ => Err("usage: .restore FILE".into()),
+        },
         "leader" => Ok(Dot::Leader),
         "nodes" => Ok(Dot::Nodes),
         "headers" | "header" => on_off(&args, "headers").map(Dot::Headers),
@@ -139,6 +152,9 @@ mod tests {
         assert!(parse(".timer maybe").unwrap_err().contains("usage"));
         assert!(parse(".read").unwrap_err().contains("usage"));
         assert_eq!(parse(".nodes"), Ok(Dot::Nodes));
+        assert_eq!(parse(".backup b.db"), Ok(Dot::Backup("b.db".into())));
+        assert_eq!(parse(".restore b.db"), Ok(Dot::Restore("b.db".into())));
+        assert!(parse(".backup").unwrap_err().contains("usage"));
         assert_eq!(parse(".leader"), Ok(Dot::Leader));
         assert_eq!(parse(".consistency"), Ok(Dot::Consistency(None)));
         assert_eq!(

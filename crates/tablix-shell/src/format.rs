@@ -13,6 +13,19 @@ pub enum Mode {
     List,
 }
 
+impl Mode {
+    /// The mode's name, as `.mode` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Table => "table",
+            Mode::Csv => "csv",
+            Mode::Json => "json",
+            Mode::Line => "line",
+            Mode::List => "list",
+        }
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

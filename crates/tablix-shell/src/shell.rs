@@ -386,7 +386,7 @@ impl<W: Write> Shell<W> {
             Dot::Headers(on) => self.headers = on,
             Dot::Timer(on) => self.timer = on,
             Dot::Mode(Some(m)) => self.mode = m,
-            Dot::Mode(None) => writeln!(self.out, "current output mode: {:?}", self.mode)?,
+            Dot::Mode(None) => writeln!(self.out, "current output mode: {}", self.mode.name())?,
             Dot::Read(file) => {
                 let text = std::fs::read_to_string(&file)
                     .map_err(|e| ShellError::Usage(format!("cannot read {file}: {e}")))?;
@@ -424,6 +424,14 @@ impl<W: Write> Shell<W> {
             Dot::Dump(tables) => {
                 let text = dump(&self.client, &tables)?;
                 self.out.write_all(text.as_bytes())?;
+            }
+            Dot::Backup(file) => {
+                crate::dump::backup(&self.client, &file)?;
+                writeln!(self.out, "backup file written successfully")?;
+            }
+            Dot::Restore(file) => {
+                let said = crate::dump::restore(&self.client, &file)?;
+                writeln!(self.out, "{said}")?;
             }
             Dot::Consistency(Some(level)) => self.client.set_level(Some(level)),
             Dot::Consistency(None) => writeln!(

@@ -148,6 +148,9 @@ fn run_inner(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool,
         sink.error(&m)?;
         return Ok(true);
     }
+    if several(&st.sql) {
+        return run_several(uc, st, sink);
+    }
     let _enforcing = uc.enforce();
     uc.policy.take_ddl();
     let mut stmt = match uc.conn.prepare(&st.sql) {
@@ -162,6 +165,130 @@ fn run_inner(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool,
         sink.error(&m)?;
         return Ok(true);
     }
+    run_prepared(uc, stmt, sink)
+}
+
+/// Whether `sql` holds more than one statement (a `;` that ends a
+/// complete statement before its end). Most hold none, or only a last
+/// one, and are told apart without a look at SQLite's rules.
+pub(crate) fn several(sql: &str) -> bool {
+    let body = sql.trim_end().trim_end_matches(';');
+    body.contains(';') && tablix_vfs::split_statements(sql).len() > 1
+}
+
+/// Several statements in one element, as rqlite runs them: each in turn,
+/// until one fails; the element's result is the last one's (an earlier
+/// statement's rows are not sent). Each is prepared, authorised and
+/// audited as a statement of its own.
+fn run_several(uc: &UserConn, st: &Statement, sink: &mut dyn Sink) -> Result<bool, Stop> {
+    use rusqlite::fallible_iterator::FallibleIterator;
+    let _enforcing = uc.enforce();
+    if !matches!(st.params, Params::None) {
+        sink.error(
+            "parameters are taken with one statement per element; this element holds several",
+        )?;
+        return Ok(true);
+    }
+    // Results wait here until the next statement replaces them: bounded
+    // as a value is (the result limit).
+    let bound = uc
+        .conn
+        .limit(rusqlite::limits::Limit::SQLITE_LIMIT_LENGTH)
+        .ok()
+        .and_then(|l| usize::try_from(l).ok())
+        .unwrap_or(1 << 20);
+    let mut batch = rusqlite::Batch::new(&uc.conn, &st.sql);
+    let mut last = Collect::new(bound);
+    let mut failed = false;
+    loop {
+        uc.policy.take_ddl();
+        let stmt = match batch.next() {
+            Ok(Some(s)) => s,
+            Ok(None) => break,
+            Err(e) => {
+                node_failure(uc, &e)?;
+                last = Collect::new(bound);
+                last.error(&uc.policy.describe(&e))?;
+                last.end_statement(0.0)?;
+                failed = true;
+                break;
+            }
+        };
+        last = Collect::new(bound);
+        match run_prepared(uc, stmt, &mut last) {
+            Ok(true) => {
+                last.end_statement(0.0)?;
+                failed = true;
+                break;
+            }
+            Ok(false) => last.end_statement(0.0)?,
+            Err(Stop::TooLarge(m)) => {
+                sink.error(&m)?;
+                return Err(Stop::TooLarge(m));
+            }
+            Err(stop) => return Err(stop),
+        }
+    }
+    match last.outcomes.pop() {
+        Some(out) => replay_result(&out.result, sink)?,
+        None => sink.error("empty statement")?,
+    }
+    Ok(failed)
+}
+
+/// Hands a gathered result to `sink` as if it were being produced.
+pub(crate) fn replay_result(result: &StatementResult, sink: &mut dyn Sink) -> Result<(), Stop> {
+    match result {
+        StatementResult::Rows(rows) => {
+            sink.columns(&rows.columns)?;
+            for row in &rows.values {
+                let cells: Vec<Cell<'_>> = row
+                    .iter()
+                    .map(|v| match v {
+                        Value::Null => Cell::Null,
+                        Value::Integer(i) => Cell::Integer(*i),
+                        Value::Real(f) => Cell::Real(*f),
+                        Value::Text(t) => Cell::Text(t.as_bytes()),
+                        Value::Blob(b) => Cell::Blob(b),
+                    })
+                    .collect();
+                sink.row(&cells)?;
+            }
+            sink.end_rows(&rows.types)
+        }
+        StatementResult::Executed {
+            last_insert_id,
+            rows_affected,
+        } => sink.executed(*last_insert_id, *rows_affected),
+        StatementResult::Error(m) => sink.error(m),
+    }
+}
+
+/// Gathered results handed to `sink` statement by statement, as if being
+/// produced. A result that outgrows the sink's bound ends there, with its
+/// error, as a streamed one does.
+pub fn replay(outcomes: &[StatementOutcome], sink: &mut dyn Sink) -> Result<(), Stop> {
+    for out in outcomes {
+        match replay_result(&out.result, sink) {
+            Ok(()) => sink.end_statement(out.seconds)?,
+            Err(Stop::TooLarge(m)) => {
+                sink.error(&m)?;
+                sink.end_statement(out.seconds)?;
+                return Err(Stop::TooLarge(m));
+            }
+            Err(stop) => return Err(stop),
+        }
+    }
+    Ok(())
+}
+
+/// Runs one prepared user statement: a schema change under the audit,
+/// anything else stepped straight into `sink`.
+fn run_prepared(
+    uc: &UserConn,
+    mut stmt: rusqlite::Statement<'_>,
+    sink: &mut dyn Sink,
+) -> Result<bool, Stop> {
     if !uc.policy.take_ddl() {
         return step(uc, &mut stmt, sink);
     }
@@ -420,7 +547,6 @@ fn bind(stmt: &mut rusqlite::Statement<'_>, params: &Params) -> Result<(), Strin
 
 /// A sink that gathers results, within a byte bound: for the writer, whose
 /// results wait for the commit, and for callers that want them whole.
-/// A sink that gathers results, within a bound on their bytes.
 pub struct Collect {
     limit: usize,
     used: usize,

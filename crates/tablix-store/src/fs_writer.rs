@@ -293,6 +293,14 @@ impl FsWriter {
         Ok(state)
     }
 
+    /// Rewrites the database compactly (VACUUM), outside any transaction;
+    /// the write turn is the caller's.
+    pub(crate) fn vacuum(&self) -> Result<(), StoreError> {
+        self.conn
+            .execute_batch("VACUUM")
+            .map_err(|e| StoreError::Failed(SqliteFailure::of(&e)))
+    }
+
     /// Writes the WAL to stable storage (async mode's bounded flush),
     /// through SQLite's own WAL handle so every VFS layer sees the sync.
     pub(crate) fn sync_wal(&self) -> Result<(), StoreError> {

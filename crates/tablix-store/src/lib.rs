@@ -26,6 +26,7 @@ mod changeset;
 mod command;
 mod command_log;
 mod config;
+mod dump;
 mod error;
 mod exec;
 mod file_data;
@@ -67,8 +68,9 @@ pub use config::{
     DEFAULT_TX_MAX_DURATION, DEFAULT_WAL_LIMIT, DEFAULT_WRITE_TIMEOUT, Durability, LogKeeper,
     StoreConfig,
 };
+pub use dump::LoadError;
 pub use error::{LogFailure, SqliteFailure, StoreError};
-pub use exec::{Cell, Collect, Sink, Stop};
+pub use exec::{Cell, Collect, Sink, Stop, replay};
 pub use outcome::{FsResult, PipeResult, Rows, SqlReply, StatementOutcome, StatementResult};
 pub use policy::is_system_table;
 pub use principal::{MAY_EXEC, MAY_READ, MAY_WRITE, Principal};
@@ -82,3 +84,8 @@ pub use tablix_log::LogId;
 pub use transactions::{Transaction, TxControl, TxInfo, TxKind, TxStats};
 pub use tx_writer::TxOutcome;
 pub use write_point::{WritePoint, WriteProbe};
+
+/// The version of the SQLite tablix runs.
+pub fn sqlite_version() -> &'static str {
+    rusqlite::version()
+}

@@ -640,6 +640,52 @@ impl Store {
         ))
     }
 
+    /// Writes the user tables (those of `only`, if any) as SQL text that
+    /// loads them back, from one snapshot: rqlite's `/db/backup?fmt=sql`.
+    /// Blocks: async code calls it from a blocking task.
+    pub fn dump_sql(
+        &self,
+        only: &[String],
+        out: &mut dyn std::io::Write,
+    ) -> Result<(), StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        let lease = self
+            .fs_readers
+            .acquire(std::time::Duration::from_secs(60))?;
+        readers::in_snapshot(&lease, |c| crate::dump::write_sql(c, "main", only, out))?
+    }
+
+    /// Writes the user tables (those of `only`, if any) into a new SQLite
+    /// file at `target`, from one snapshot, while writes go on: rqlite's
+    /// `/db/backup`. Blocks.
+    pub fn backup_to(&self, target: &std::path::Path, only: &[String]) -> Result<(), StoreError> {
+        Counters::add(&self.counters.reads, 1);
+        crate::dump::write_file(
+            &self.config.database_path(),
+            self.config.vfs.as_deref(),
+            target,
+            only,
+        )
+    }
+
+    /// The statements that replace the user tables with those of the
+    /// SQLite database at `path` (rqlite's `/db/load` of a file): today's
+    /// user objects dropped, the file's made. Refused for a file that is
+    /// not SQLite or that holds tablix's own tables. Blocks.
+    pub fn load_statements(&self, path: &std::path::Path) -> Result<Vec<String>, crate::LoadError> {
+        let current = self.read(|c| crate::dump::user_objects(c))??;
+        crate::dump::load_statements(path, &current)
+    }
+
+    /// Rewrites the database file compactly (`VACUUM`), on the writer
+    /// thread between groups: maintenance of this node's file, which
+    /// changes no row and is not a Command. Blocks until done.
+    pub fn vacuum(&self) -> Result<(), StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.send(Request::Vacuum(reply))?;
+        Ticket { rx }.wait()
+    }
+
     /// Runs read-only user statements as `principal` within the
     /// configured read limits, on one snapshot, and gathers their results.
     pub fn query(
@@ -697,6 +743,25 @@ impl Store {
         for st in statements {
             if crate::sqltext::nul_offset(&st.sql).is_some() {
                 return Ok(false);
+            }
+            if crate::exec::several(&st.sql) {
+                // Several statements in one element: a read if each only
+                // reads and the last returns rows (its rows are the
+                // element's result).
+                use rusqlite::fallible_iterator::FallibleIterator;
+                let mut batch = rusqlite::Batch::new(&c.conn, &st.sql);
+                let mut last_has_rows = false;
+                loop {
+                    match batch.next() {
+                        Ok(Some(p)) if p.readonly() => last_has_rows = p.column_count() > 0,
+                        Ok(None) => break,
+                        _ => return Ok(false),
+                    }
+                }
+                if !last_has_rows {
+                    return Ok(false);
+                }
+                continue;
             }
             match c.conn.prepare(&st.sql) {
                 Ok(p) if p.readonly() && p.column_count() > 0 => {}

@@ -47,6 +47,8 @@ pub(crate) enum Request {
     Entries(Vec<LogEntry>, Answer<Vec<EntryReply>>),
     /// Replace the whole state with the snapshot at this path.
     Install(PathBuf, Answer<AppliedState>),
+    /// Rewrite the database file compactly (VACUUM).
+    Vacuum(Answer<()>),
 }
 
 /// Where the writer sends the answer to a request.
@@ -124,6 +126,13 @@ impl Writer {
                                     self.commit_runs(std::mem::take(&mut applies));
                                 }
                                 let _ = reply.send(self.install(&path));
+                                wrote = true;
+                            }
+                            Request::Vacuum(reply) => {
+                                if !applies.is_empty() {
+                                    self.commit_runs(std::mem::take(&mut applies));
+                                }
+                                let _ = reply.send(self.vacuum());
                                 wrote = true;
                             }
                         }
@@ -528,6 +537,16 @@ impl Writer {
                 Err(log.stop(failure_of(&h.error)))
             }
         }
+    }
+
+    /// VACUUM on the file system's connection, holding the write turn,
+    /// with nothing pending: the file is rewritten, no row changes.
+    fn vacuum(&self) -> Result<(), StoreError> {
+        let mut log = self.log()?;
+        let mut fs = self.fs()?;
+        fs.commit_pending(&mut log)?;
+        log.running()?;
+        fs.vacuum()
     }
 
     /// Replaces the whole state with a snapshot (replication's log keeps

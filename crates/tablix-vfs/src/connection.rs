@@ -109,3 +109,84 @@ mod tests {
         assert_eq!(sync_journal(&conn), Ok(()));
     }
 }
+
+/// Whether `sql` ends with a complete statement, by SQLite's own rules
+/// (`sqlite3_complete`: a `;` outside strings, comments and trigger
+/// bodies). Text with a NUL byte is never complete.
+pub fn is_complete(sql: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(sql) else {
+        return false;
+    };
+    // SAFETY: `c` is a NUL-terminated string that outlives the call.
+    unsafe { libsqlite3_sys::sqlite3_complete(c.as_ptr()) != 0 }
+}
+
+/// Splits text into its statements, each ending at a `;` that ends a
+/// complete statement (see [`is_complete`]), trimmed, without empty
+/// ones. What follows the last complete statement, if anything but
+/// blanks and comments, is the last element.
+pub fn split_statements(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, _) in text.match_indices(';') {
+        let candidate = &text[start..=i];
+        if is_complete(candidate) {
+            let s = candidate.trim();
+            if s != ";" {
+                out.push(s);
+            }
+            start = i + 1;
+        }
+    }
+    let rest = text[start..].trim();
+    if has_words(rest) {
+        out.push(rest);
+    }
+    out
+}
+
+/// Whether `s` holds anything but comments.
+fn has_words(s: &str) -> bool {
+    let mut rest = s.trim_start();
+    loop {
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r
+                .split_once('\n')
+                .map_or("", |(_, after)| after)
+                .trim_start();
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r
+                .split_once("*/")
+                .map_or("", |(_, after)| after)
+                .trim_start();
+        } else {
+            return !rest.is_empty();
+        }
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+
+    #[test]
+    fn statements_split_where_sqlite_says_they_end() {
+        assert!(is_complete("SELECT 1;"));
+        assert!(!is_complete("SELECT ';"));
+        let text = "BEGIN TRANSACTION;\nCREATE TABLE t(a);\nINSERT INTO t VALUES('x;y');\n\
+                    CREATE TRIGGER g AFTER INSERT ON t BEGIN INSERT INTO t VALUES (1); DELETE FROM t; END;\n\
+                    -- a comment; with a semicolon\nCOMMIT;\n;  SELECT 2";
+        assert_eq!(
+            split_statements(text),
+            vec![
+                "BEGIN TRANSACTION;",
+                "CREATE TABLE t(a);",
+                "INSERT INTO t VALUES('x;y');",
+                "CREATE TRIGGER g AFTER INSERT ON t BEGIN INSERT INTO t VALUES (1); DELETE FROM t; END;",
+                "-- a comment; with a semicolon\nCOMMIT;",
+                "SELECT 2",
+            ]
+        );
+        assert!(split_statements("  -- nothing\n").is_empty());
+    }
+}

@@ -39,7 +39,8 @@ mod session;
 
 pub use clock::{ClockVfs, VfsError, is_registered};
 pub use connection::{
-    create_scalar_function_on_db, heap_used, set_heap_limits, set_last_insert_rowid, sync_journal,
+    create_scalar_function_on_db, heap_used, is_complete, set_heap_limits, set_last_insert_rowid,
+    split_statements, sync_journal,
 };
 pub use fault::FaultVfs;
 pub use mem::{

@@ -804,3 +804,66 @@ fn pipes_and_sql_readers_share_the_memory_database_without_busy() {
         "{locks:?}"
     );
 }
+
+#[test]
+fn several_statements_in_one_element_run_in_turn_and_answer_as_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(StoreConfig::new(dir.path().join("data"))).unwrap();
+    store
+        .apply_sql(
+            stamp(1),
+            sql(&["CREATE TABLE t(v); CREATE INDEX tv ON t(v)"]),
+        )
+        .unwrap();
+    let r = store
+        .apply_sql(
+            stamp(2),
+            sql(&[
+                "INSERT INTO t VALUES (1); INSERT INTO t VALUES ('a;b'); SELECT count(*) FROM t",
+            ]),
+        )
+        .unwrap();
+    match &r.statements[0].result {
+        StatementResult::Rows(rows) => assert_eq!(rows.values, [[Value::Integer(2)]]),
+        other => panic!("{other:?}"),
+    }
+    // One that fails stops the element there; what ran before stays
+    // (each statement stands alone), unless the Command is a transaction.
+    let r = store
+        .apply_sql(stamp(3), sql(&["INSERT INTO t VALUES (3); INSERT INTO nowhere VALUES (1); INSERT INTO t VALUES (4)"]))
+        .unwrap();
+    assert!(r.statements[0].result.is_error(), "{r:?}");
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM t"),
+        [[Value::Integer(3)]]
+    );
+    let mut both = sql(&["INSERT INTO t VALUES (5); INSERT INTO nowhere VALUES (1)"]);
+    both.transaction = true;
+    let r = store.apply_sql(stamp(4), both).unwrap();
+    assert!(r.rolled_back);
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM t"),
+        [[Value::Integer(3)]]
+    );
+    // Reads too, on a reader; a trigger's body is one statement.
+    let out = store
+        .query(
+            &Principal::root(),
+            &[Statement::new("SELECT 1; SELECT count(*) FROM t")],
+        )
+        .unwrap();
+    assert!(
+        matches!(&out[0].result, StatementResult::Rows(r) if r.values == [[Value::Integer(3)]])
+    );
+    let r = store
+        .apply_sql(
+            stamp(5),
+            sql(&["CREATE TABLE log(x); CREATE TRIGGER g AFTER INSERT ON t BEGIN INSERT INTO log VALUES (1); INSERT INTO log VALUES (2); END; INSERT INTO t VALUES (9)"]),
+        )
+        .unwrap();
+    assert!(!r.statements[0].result.is_error(), "{r:?}");
+    assert_eq!(
+        rows(&store, "SELECT count(*) FROM log"),
+        [[Value::Integer(2)]]
+    );
+}
