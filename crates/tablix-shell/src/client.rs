@@ -3,7 +3,8 @@
 //! an API user's credentials or, on loopback, again as its Unix user).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine;
@@ -11,6 +12,9 @@ use serde_json::{Value as Json, json};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// Ctrl-C gave the request up.
+    #[error("Interrupted")]
+    Interrupted,
     #[error("no tablix daemon is answering at {addr}: {reason}")]
     Unreachable { addr: String, reason: String },
     #[error("the daemon refused the request ({status}): {message}")]
@@ -70,6 +74,10 @@ fn never_sent(e: &ureq::Error) -> bool {
 
 pub struct Client {
     transport: Transport,
+    /// Set by SIGINT while the shell is interactive: a request under way
+    /// is given up (the daemon sees its client go and stops the
+    /// statement) and answered `Interrupted`.
+    interrupt: Option<Arc<AtomicBool>>,
     /// HTTP Basic credentials, sent with every request.
     authorization: Option<String>,
     /// The read consistency level reads ask for (`.consistency`).
@@ -93,6 +101,7 @@ impl Client {
             },
             authorization: None,
             level: None,
+            interrupt: None,
         })
     }
 
@@ -150,7 +159,21 @@ impl Client {
             },
             authorization: None,
             level: None,
+            interrupt: None,
         })
+    }
+
+    /// Gives up a request under way when `flag` is set (SIGINT's), with
+    /// `ClientError::Interrupted`; clears the flag then.
+    pub fn interrupt_on(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
+    }
+
+    /// Whether the interrupt flag is set; clears it.
+    fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|f| f.swap(false, Ordering::SeqCst))
     }
 
     /// Sends `user` and `password` (an API user's) with every request.
@@ -213,8 +236,75 @@ impl Client {
         Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
     }
 
-    /// Sends one request of bytes; the status and body of the answer.
+    /// Sends one request of bytes; the status and body of the answer. With
+    /// an interrupt flag, the request can be given up: over the Unix
+    /// socket its connection closes at once; over TCP it is left to end on
+    /// a thread of its own.
     fn send_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        // A Ctrl-C typed while nothing ran is not this request's.
+        self.interrupted();
+        let Some(flag) = self.interrupt.clone() else {
+            return self.send_now(method, path, body);
+        };
+        match &self.transport {
+            Transport::Unix {
+                path: socket,
+                runtime,
+            } => runtime.block_on(async {
+                tokio::select! {
+                    r = self.over_unix(socket, method, path, body) => r,
+                    () = raised(&flag) => {
+                        flag.store(false, Ordering::SeqCst);
+                        Err(ClientError::Interrupted)
+                    }
+                }
+            }),
+            Transport::Tcp { agent, .. } => {
+                // The request runs on a thread of its own, so that a
+                // Ctrl-C returns to the prompt at once; its connection
+                // closes when the daemon answers (its statement runs on
+                // until its time limit: over TCP nothing closes it
+                // earlier).
+                let (tx, rx) = std::sync::mpsc::channel();
+                let agent = agent.clone();
+                let url = format!("{}{path}", self.addr());
+                let authorization = self.authorization.clone();
+                let worker = std::thread::Builder::new()
+                    .name("tablix-sql-request".into())
+                    .spawn(move || {
+                        let r = tcp_call(&agent, &url, authorization.as_deref(), body.as_deref());
+                        let _ = tx.send(r);
+                    });
+                if let Err(e) = worker {
+                    return Err(ClientError::Setup(format!("starting a request: {e}")));
+                }
+                loop {
+                    match rx.recv_timeout(Duration::from_millis(20)) {
+                        Ok(Ok(r)) => return Ok(r),
+                        Ok(Err(e)) => return Err(self.unreachable(e)),
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                            return Err(ClientError::Protocol(
+                                "the request ended without an answer".into(),
+                            ));
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            if flag.swap(false, Ordering::SeqCst) {
+                                return Err(ClientError::Interrupted);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends one request of bytes and waits for its answer.
+    fn send_now(
         &self,
         method: &str,
         path: &str,
@@ -227,27 +317,15 @@ impl Client {
                 agent,
             } => {
                 let send_to = |at: &str| {
-                    let url = format!("{at}{path}");
-                    match &body {
-                        Some(b) => {
-                            let mut req =
-                                agent.post(&url).header("Content-Type", "application/json");
-                            if let Some(a) = &self.authorization {
-                                req = req.header("Authorization", a);
-                            }
-                            req.send(b.as_slice())
-                        }
-                        None => {
-                            let mut req = agent.get(&url);
-                            if let Some(a) = &self.authorization {
-                                req = req.header("Authorization", a);
-                            }
-                            req.call()
-                        }
-                    }
+                    tcp_call(
+                        agent,
+                        &format!("{at}{path}"),
+                        self.authorization.as_deref(),
+                        body.as_deref(),
+                    )
                 };
                 let at = self.addr();
-                let mut response = match send_to(&at) {
+                let answer = match send_to(&at) {
                     Ok(r) => r,
                     Err(e) if never_sent(&e) => {
                         // The node is gone: another node of its cluster
@@ -282,14 +360,7 @@ impl Client {
                     }
                     Err(e) => return Err(self.unreachable(e)),
                 };
-                let status = response.status().as_u16();
-                let bytes = response
-                    .body_mut()
-                    .with_config()
-                    .limit(MAX_RESPONSE)
-                    .read_to_vec()
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                Ok((status, bytes))
+                Ok(answer)
             }
             Transport::Unix {
                 path: socket,
@@ -501,6 +572,46 @@ impl Client {
             .as_array()
             .ok_or_else(|| ClientError::Protocol(format!("no results in {json}")))?;
         list.iter().map(reply).collect()
+    }
+}
+
+/// One request over TCP: a POST of `body`, or a GET; the status and the
+/// answer's bytes.
+fn tcp_call(
+    agent: &ureq::Agent,
+    url: &str,
+    authorization: Option<&str>,
+    body: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>), ureq::Error> {
+    let mut response = match body {
+        Some(b) => {
+            let mut req = agent.post(url).header("Content-Type", "application/json");
+            if let Some(a) = authorization {
+                req = req.header("Authorization", a);
+            }
+            req.send(b)?
+        }
+        None => {
+            let mut req = agent.get(url);
+            if let Some(a) = authorization {
+                req = req.header("Authorization", a);
+            }
+            req.call()?
+        }
+    };
+    let status = response.status().as_u16();
+    let bytes = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_RESPONSE)
+        .read_to_vec()?;
+    Ok((status, bytes))
+}
+
+/// Resolves once `flag` is set.
+async fn raised(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -78,6 +78,16 @@ fn control(sql: &str) -> Control {
     }
 }
 
+/// An error of a batch, with the line its statement began on, as sqlite3
+/// says it.
+fn near(e: ShellError, line: usize) -> ShellError {
+    match e {
+        ShellError::Sql(m) => ShellError::Sql(format!("near line {line}: {m}")),
+        ShellError::Usage(m) => ShellError::Usage(format!("near line {line}: {m}")),
+        other => other,
+    }
+}
+
 /// Whether `sql` changes the schema: an interactive transaction cannot
 /// carry that (its changes travel as rows).
 fn is_schema_change(sql: &str) -> bool {
@@ -130,15 +140,30 @@ impl<W: Write> Shell<W> {
     ) -> Result<(), ShellError> {
         let r = (|| {
             let mut splitter = Splitter::new();
-            for line in lines {
+            // The line the pending statement began on, for errors.
+            let mut began = 1;
+            for (n, line) in lines.into_iter().enumerate() {
                 let line = line?;
-                for sql in self.feed(&mut splitter, &line)? {
-                    self.run_sql(&sql)?;
+                let number = n + 1;
+                if !splitter.is_pending() {
+                    began = number;
+                }
+                let statements = self
+                    .feed(&mut splitter, &line)
+                    .map_err(|e| near(e, number))?;
+                let ended = !statements.is_empty();
+                for (i, sql) in statements.into_iter().enumerate() {
+                    let at = if i == 0 { began } else { number };
+                    self.run_sql(&sql).map_err(|e| near(e, at))?;
                     self.out.flush()?;
+                }
+                // What is left pending began on this line.
+                if ended {
+                    began = number;
                 }
             }
             if let Some(rest) = splitter.finish() {
-                self.run_sql(&rest)?;
+                self.run_sql(&rest).map_err(|e| near(e, began))?;
             }
             if self.transaction.is_some() {
                 return Err(ShellError::Sql(
@@ -176,6 +201,12 @@ impl<W: Write> Shell<W> {
     /// printed and the shell goes on.
     pub fn repl(&mut self, history: Option<&Path>) -> Result<(), ShellError> {
         self.batch = false;
+        // Ctrl-C while a statement runs gives its request up (the daemon
+        // stops the statement) and comes back to the prompt.
+        let interrupt = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if signal_hook::flag::register(signal_hook::consts::SIGINT, interrupt.clone()).is_ok() {
+            self.client.interrupt_on(interrupt);
+        }
         let mut editor = DefaultEditor::new().map_err(|e| ShellError::Usage(e.to_string()))?;
         if let Some(h) = history {
             let _ = editor.load_history(h);
@@ -198,7 +229,12 @@ impl<W: Write> Shell<W> {
                     splitter = Splitter::new();
                     continue;
                 }
-                Err(ReadlineError::Eof) => break,
+                Err(ReadlineError::Eof) => {
+                    if let Some(rest) = splitter.finish() {
+                        eprintln!("Error: incomplete SQL, not run: {rest}");
+                    }
+                    break;
+                }
                 Err(e) => return Err(ShellError::Usage(e.to_string())),
             };
             if !line.trim().is_empty() {

@@ -55,10 +55,21 @@ fn errors_stop_a_batch_and_say_why() {
         "SELECT 1;\nSELECT * FROM missing;\nSELECT 2;\n",
     );
     assert!(
-        matches!(r, Err(ShellError::Sql(ref m)) if m.contains("no such table: missing")),
+        matches!(r, Err(ShellError::Sql(ref m)) if m.contains("no such table: missing") && m.starts_with("near line 2:")),
         "{r:?}"
     );
     assert_eq!(out, "1\n");
+    // The line a statement began on, however many it spans or shares.
+    let (r, _) = run(&s, Mode::List, "SELECT 1;\n\nSELECT\n  nope;\n");
+    assert!(
+        matches!(r, Err(ShellError::Sql(ref m)) if m.starts_with("near line 3:")),
+        "{r:?}"
+    );
+    let (r, _) = run(&s, Mode::List, "SELECT 1; SELECT nope;\n");
+    assert!(
+        matches!(r, Err(ShellError::Sql(ref m)) if m.starts_with("near line 1:")),
+        "{r:?}"
+    );
     let (r, _) = run(&s, Mode::List, "BEGIN;\nCREATE TABLE never(x);\n");
     assert!(
         matches!(r, Err(ShellError::Sql(ref m)) if m.contains("BEGIN without COMMIT")),

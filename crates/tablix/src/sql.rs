@@ -76,9 +76,13 @@ fn batch<W: std::io::Write>(shell: &mut Shell<W>, text: &str) -> Option<ExitCode
 }
 
 /// A batch's end: on error it is printed, and the exit code to leave
-/// with returned.
+/// with returned. An output closed by its reader (`tablix sql ... | head`)
+/// ends quietly, with the status a process killed by SIGPIPE has.
 fn report(r: Result<(), ShellError>) -> Option<ExitCode> {
     match r {
+        Err(ShellError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            Some(ExitCode::from(141))
+        }
         Ok(()) => None,
         Err(ShellError::Quit) => Some(ExitCode::SUCCESS),
         Err(e) => {

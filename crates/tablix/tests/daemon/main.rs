@@ -446,6 +446,20 @@ fn the_shell_runs_batches_files_transactions_and_dumps() {
         "{:?}",
         text(&o)
     );
+    // Output closed early by its reader ends the shell quietly, with the
+    // status SIGPIPE gives.
+    let o = output_within(
+        Command::new("bash").args([
+            "-c",
+            &format!(
+                "set -o pipefail; {BIN} sql --data {data_s} -m list \"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000) SELECT i FROM n\" | head -1"
+            ),
+        ]),
+        b"",
+    );
+    let (out, err) = text(&o);
+    assert_eq!((out.as_str(), o.status.code()), ("1\n", Some(141)), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
     d2.stop();
     d.stop();
 }
@@ -752,6 +766,84 @@ fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
     d.stop();
 }
 
+/// What a terminal shows of `raw`: control sequences and carriage
+/// returns left out.
+fn screen(raw: &[u8]) -> String {
+    let raw = String::from_utf8_lossy(raw);
+    let mut screen = String::new();
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for n in chars.by_ref() {
+                    if n.is_ascii_alphabetic() || n == '~' {
+                        break;
+                    }
+                }
+            }
+        } else if c != '\r' {
+            screen.push(c);
+        }
+    }
+    screen
+}
+
+#[test]
+fn ctrl_c_in_the_shell_stops_the_statement_on_the_daemon_and_returns_to_the_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let d = Daemon::start(&data, &[]);
+    let mut child = Command::new("script")
+        .args([
+            "-qec",
+            &format!("{BIN} sql --data {}", data.display()),
+            "/dev/null",
+        ])
+        .env("HOME", dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from bsdutils is needed for the terminal test");
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(
+        stdin,
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n;"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The terminal's interrupt character: SIGINT to the shell.
+    stdin.write_all(b"\x03").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for line in ["SELECT 6 + 1;", ".quit"] {
+        writeln!(stdin, "{line}").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let screen = screen(&out.stdout);
+    assert!(screen.contains("Interrupted"), "{screen}");
+    assert!(
+        screen.contains("| 6 + 1 |") && screen.contains("     7 |"),
+        "the shell did not go on: {screen}"
+    );
+    // The daemon stopped the statement when its client went.
+    let status: serde_json::Value = http()
+        .get(format!("http://{}/status", d.addr))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert!(
+        status["store"]["stats"]["statements_cancelled"].as_u64() >= Some(1),
+        "{status}"
+    );
+    d.stop();
+}
+
 #[test]
 fn the_interactive_shell_edits_continues_and_keeps_history() {
     let dir = tempfile::tempdir().unwrap();
@@ -780,24 +872,7 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     }
     drop(stdin);
     let out = child.wait_with_output().unwrap();
-    // Strip terminal control sequences and carriage returns.
-    let raw = String::from_utf8_lossy(&out.stdout);
-    let mut screen = String::new();
-    let mut chars = raw.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            if chars.peek() == Some(&'[') {
-                chars.next();
-                for n in chars.by_ref() {
-                    if n.is_ascii_alphabetic() || n == '~' {
-                        break;
-                    }
-                }
-            }
-        } else if c != '\r' {
-            screen.push(c);
-        }
-    }
+    let screen = screen(&out.stdout);
     assert!(
         screen.contains("tablix> INSERT INTO t\n   ...> VALUES (41);"),
         "{screen}"
