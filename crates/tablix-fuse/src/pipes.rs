@@ -403,6 +403,9 @@ impl Pipes {
     /// Opens a pipe file. Like a FIFO, a blocking open for reading waits
     /// for a writer and one for writing waits for a reader; a
     /// non-blocking open for writing without a reader fails with ENXIO.
+    /// A pipe without a name (pipe()'s, opened again through /dev/fd/N, as
+    /// a shell's process substitution does) never waits, as Linux never
+    /// waits on an anonymous pipe: its ends are already open, or gone.
     pub(crate) fn open(&self, ino: u64, flags: i32, pid: u32, reply: ReplyOpen) {
         let Some(pipe) = pipe_of(ino) else {
             // The virtual directories are opened with opendir.
@@ -421,11 +424,12 @@ impl Pipes {
         };
         self.wake_opens(&mut q, end);
         let nonblock = nonblocking(flags);
-        let waits = match end {
-            End::Read => state.writers == 0 && !nonblock,
-            End::Write => state.readers == 0,
-            End::Both => false,
-        };
+        let waits = !state.anonymous
+            && match end {
+                End::Read => state.writers == 0 && !nonblock,
+                End::Write => state.readers == 0,
+                End::Both => false,
+            };
         if !waits {
             reply.opened(FileHandle(handle), stream_flags());
         } else if nonblock {

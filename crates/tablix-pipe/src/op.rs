@@ -95,6 +95,10 @@ pub struct PipeState {
     pub capacity: u64,
     pub readers: u32,
     pub writers: u32,
+    /// Made by pipe() (no name, or its name removed): opening it again
+    /// (through /dev/fd/N) never waits for the other end, as Linux never
+    /// waits on an anonymous pipe.
+    pub anonymous: bool,
 }
 
 impl PipeState {

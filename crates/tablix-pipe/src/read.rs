@@ -70,15 +70,18 @@ pub fn all_named(conn: &Connection) -> Result<Vec<PipeFile>, PipeError> {
 
 /// The counts of `pipe`.
 pub fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
-    conn.prepare_cached("SELECT buffered, capacity, readers, writers FROM pipe WHERE id = ?1")?
-        .query_row([pipe], |r| {
-            Ok(PipeState {
-                buffered: r.get::<_, i64>(0)?.max(0) as u64,
-                capacity: r.get::<_, i64>(1)?.max(0) as u64,
-                readers: r.get(2)?,
-                writers: r.get(3)?,
-            })
+    conn.prepare_cached(
+        "SELECT buffered, capacity, readers, writers, name IS NULL FROM pipe WHERE id = ?1",
+    )?
+    .query_row([pipe], |r| {
+        Ok(PipeState {
+            buffered: r.get::<_, i64>(0)?.max(0) as u64,
+            capacity: r.get::<_, i64>(1)?.max(0) as u64,
+            readers: r.get(2)?,
+            writers: r.get(3)?,
+            anonymous: r.get(4)?,
         })
+    })
         .optional()?
         .ok_or(PipeError::NoSuchPipe(pipe))
 }

@@ -1228,6 +1228,19 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
     let want = output_within(Command::new("bash").arg("-c").arg(script), b"");
     let got = tablix_run(&data, &["bash", "-c", script]);
     assert_eq!(text(&got), text(&want));
+    // An anonymous pipe opened again through /dev/fd/N never waits for
+    // its other end (a FIFO's open would): diff of two substitutions, a
+    // read of one, and a write to one whose reader is gone (SIGPIPE).
+    for script in [
+        "diff <(echo a) <(echo a) && echo same",
+        "cat <(echo hi)",
+        "exec 3> >(true); sleep 0.5; echo hi > /dev/fd/3; echo not reached",
+    ] {
+        let want = output_within(Command::new("bash").arg("-c").arg(script), b"");
+        let got = tablix_run(&data, &["bash", "-c", script]);
+        assert_eq!(text(&got).0, text(&want).0, "{script}");
+        assert_eq!(got.status.code(), want.status.code(), "{script}");
+    }
     // They really were tablix pipes, reported to programs as FIFOs.
     let got = tablix_run(
         &data,
