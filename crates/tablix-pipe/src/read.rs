@@ -82,8 +82,8 @@ pub fn state(conn: &Connection, pipe: i64) -> Result<PipeState, PipeError> {
             anonymous: r.get(4)?,
         })
     })
-        .optional()?
-        .ok_or(PipeError::NoSuchPipe(pipe))
+    .optional()?
+    .ok_or(PipeError::NoSuchPipe(pipe))
 }
 
 #[cfg(test)]

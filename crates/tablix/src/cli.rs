@@ -60,6 +60,27 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// An address to listen on: IP:PORT, or HOST:PORT with a host name the
+/// resolver knows (`localhost:4001`); a name is taken as its first address.
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("{s:?} is not HOST:PORT (such as 127.0.0.1:4001)"));
+    };
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("{s:?} is not HOST:PORT (such as 127.0.0.1:4001)"));
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs = s
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host:?}: {e}"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("{host:?} resolves to no address"))
+}
+
 /// A size in bytes, with an optional binary suffix: 4096, 64KiB, 64MiB, 1GiB
 /// (K, M, G and KB, MB, GB mean the same).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -173,7 +194,7 @@ pub struct UpArgs {
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
     /// Address of the HTTP SQL API (port 0 picks a free one).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4001")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:4001", value_parser = parse_listen_addr)]
     pub http: SocketAddr,
     /// sync: every acknowledged write is on disk; async: flushed within --flush-interval-ms.
     #[arg(long, value_enum, default_value = "sync")]
@@ -263,7 +284,7 @@ pub struct UpArgs {
     pub node_id: Option<u64>,
     /// Address of this node's raft service, which other nodes reach
     /// (port 0 picks a free one). Needs --node-id.
-    #[arg(long, value_name = "ADDR", requires = "node_id")]
+    #[arg(long, value_name = "ADDR", requires = "node_id", value_parser = parse_listen_addr)]
     pub raft: Option<SocketAddr>,
     /// The address other nodes reach --raft at, when it differs (behind
     /// NAT, or --raft on 0.0.0.0).
@@ -755,4 +776,24 @@ pub fn parse_pcache(s: &str) -> Result<PcacheChoice, String> {
     s.parse()
         .map(PcacheChoice::Tablix)
         .map_err(|e: String| format!("{e}, sqlite"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_take_ips_and_host_names() {
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:4001").unwrap(),
+            "127.0.0.1:4001".parse::<SocketAddr>().unwrap()
+        );
+        let local = parse_listen_addr("localhost:4002").unwrap();
+        assert!(local.ip().is_loopback(), "{local}");
+        assert_eq!(local.port(), 4002);
+        for bad in ["localhost", ":4001", "localhost:99999", "host:port"] {
+            let err = parse_listen_addr(bad).unwrap_err();
+            assert!(err.contains("HOST:PORT"), "{bad}: {err}");
+        }
+    }
 }
