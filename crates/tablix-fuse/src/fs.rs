@@ -63,15 +63,23 @@ pub struct TablixFs {
 
 const GENERATION: Generation = Generation(0);
 
+/// How a file (not a pipe) is opened: its cached pages are kept, and its
+/// closes send no FLUSH (nothing is buffered here). With the writeback
+/// cache (async mode) the kernel sends FLUSH anyway, to write pages back.
+fn file_open_flags() -> FopenFlags {
+    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
+}
+
 impl TablixFs {
     pub(crate) fn new(
         store: Arc<Store>,
         config: FsConfig,
         ended: Arc<AtomicBool>,
         in_flight: Arc<crate::invalidate::InFlight>,
+        holders: Arc<crate::holders::PipeHolders>,
     ) -> TablixFs {
         TablixFs {
-            pipes: Pipes::new(Arc::clone(&store), config.ttl),
+            pipes: Pipes::new(Arc::clone(&store), holders, config.ttl),
             store,
             config,
             ended,
@@ -515,7 +523,7 @@ impl Filesystem for TablixFs {
         // file comes through this mount. (OPEN cannot be refused with
         // ENOSYS to save the round trip: that would switch it off for the
         // pipe files too.)
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        reply.opened(FileHandle(0), file_open_flags());
     }
 
     fn release(
@@ -620,16 +628,20 @@ impl Filesystem for TablixFs {
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Nothing is buffered here: every write is already applied. ENOSYS
-        // tells the kernel not to send FLUSH on every close again (it still
-        // writes cached pages back before close returns).
-        reply.error(to_fuser(Errno(libc::ENOSYS)));
+        // A pipe file's FLUSH says who closed a descriptor of it (see
+        // holders.rs). A file has nothing buffered here: every write is
+        // applied already, and the kernel wrote its cached pages back before
+        // sending this. (ENOSYS would stop FLUSH for the pipe files too.)
+        if let Node::Virtual(_) = route::node(ino.0) {
+            self.pipes.flushed(fh.0, req.pid());
+        }
+        reply.ok();
     }
 
     fn fsync(
@@ -817,7 +829,7 @@ impl Filesystem for TablixFs {
                 &file_attr(&a),
                 GENERATION,
                 FileHandle(0),
-                FopenFlags::FOPEN_KEEP_CACHE,
+                file_open_flags(),
             ),
             Err(e) => reply.error(to_fuser(e)),
         }

@@ -15,11 +15,13 @@
 mod attr;
 pub mod errno;
 mod fs;
+mod holders;
 mod invalidate;
 mod mount;
 mod pipes;
 mod route;
 
 pub use fs::{FsConfig, ReadGate, TablixFs};
+pub use holders::PipeHolders;
 pub use mount::{MountError, MountOptions, Mounted, mount};
 pub use pipes::{CAPACITY_XATTR, CONTROL_NAME, PIPES_NAME};

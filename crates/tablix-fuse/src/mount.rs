@@ -9,6 +9,7 @@ use tablix_fs::FsOp;
 use tablix_store::{LogKeeper, Stamp, Store};
 
 use crate::fs::{FsConfig, TablixFs};
+use crate::holders::PipeHolders;
 use crate::invalidate::InFlight;
 
 /// Invalidation notices waiting for the kernel, at most.
@@ -61,6 +62,7 @@ pub struct Mounted {
     session: Option<BackgroundSession>,
     mountpoint: PathBuf,
     ended: Arc<AtomicBool>,
+    holders: Arc<PipeHolders>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -73,6 +75,7 @@ impl std::fmt::Debug for Mounted {
 
 /// One line of /proc/self/mountinfo: where, what type, from what.
 struct MountEntry {
+    id: u64,
     point: PathBuf,
     fstype: String,
     source: String,
@@ -105,6 +108,7 @@ fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
             let fields: Vec<&str> = line.split(' ').collect();
             let dash = fields.iter().position(|f| *f == "-")?;
             Some(MountEntry {
+                id: fields.first()?.parse().ok()?,
                 point: PathBuf::from(unescape(fields.get(4)?)),
                 fstype: fields.get(dash + 1)?.to_string(),
                 source: unescape(fields.get(dash + 2)?),
@@ -238,17 +242,27 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     let ended = Arc::new(AtomicBool::new(false));
     let replicated = store.config().log_keeper == LogKeeper::Replication;
     let in_flight = Arc::new(InFlight::new(replicated));
+    let holders = PipeHolders::new(Arc::clone(&store));
     let fs = TablixFs::new(
         Arc::clone(&store),
         options.fs,
         Arc::clone(&ended),
         Arc::clone(&in_flight),
+        Arc::clone(&holders),
     );
     let session =
         fuser::spawn_mount(fs, &mountpoint, &config).map_err(|source| MountError::Fuse {
             path: mountpoint.clone(),
             source,
         })?;
+    // Descriptors are matched to this mount by its id (see holders.rs).
+    match mounted_at(&mountpoint) {
+        Some(m) if m.fstype.starts_with("fuse") => holders.set_mount_id(m.id),
+        _ => tracing::warn!(
+            "{} is not in /proc/self/mountinfo: who holds a pipe end is not followed",
+            mountpoint.display()
+        ),
+    }
     if replicated {
         // Changes this kernel did not see come from replication.
         let (tx, rx) = std::sync::mpsc::sync_channel(INVALIDATIONS_QUEUED);
@@ -266,12 +280,19 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         session: Some(session),
         mountpoint,
         ended,
+        holders,
     })
 }
 
 impl Mounted {
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Who holds the mount's pipe ends: the process-table watcher hands it
+    /// the processes that inherited some (`Store::apply_proc`'s answer).
+    pub fn pipe_holders(&self) -> Arc<PipeHolders> {
+        Arc::clone(&self.holders)
     }
 
     /// A flag that becomes true when the session ends, e.g. because

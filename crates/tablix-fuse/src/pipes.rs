@@ -37,6 +37,7 @@ use tablix_pipe::{End, PipeOp, PipeReply, PipeState};
 use tablix_store::{Stamp, Store};
 
 use crate::errno::{pipe_errno, store_errno, to_fuser};
+use crate::holders::{PipeHolders, ProcessOf};
 
 /// The control directory at the mount's root (looked up by name, not
 /// listed), and the pipes directory inside it.
@@ -55,7 +56,7 @@ pub const CAPACITY_XATTR: &[u8] = b"user.tablix.capacity";
 /// How often parked callers are checked for signals.
 const SIGNAL_SCAN: Duration = Duration::from_millis(20);
 
-fn pipe_of(ino: u64) -> Option<i64> {
+pub(crate) fn pipe_of(ino: u64) -> Option<i64> {
     ino.checked_sub(PIPE_INO_BASE)
         .and_then(|id| i64::try_from(id).ok())
 }
@@ -65,7 +66,7 @@ fn nonblocking(flags: i32) -> bool {
 }
 
 /// What an open of a pipe file is.
-fn end_of(flags: i32) -> End {
+pub(crate) fn end_of(flags: i32) -> End {
     match flags & libc::O_ACCMODE {
         libc::O_RDONLY => End::Read,
         libc::O_WRONLY => End::Write,
@@ -125,6 +126,8 @@ struct Handle {
 
 pub(crate) struct Pipes {
     store: Arc<Store>,
+    /// Who holds which end (`pid_pipe`), kept true to /proc.
+    holders: Arc<PipeHolders>,
     /// How long the kernel may cache a pipe file's entry and attributes.
     ttl: Duration,
     queues: Mutex<HashMap<i64, Arc<Mutex<Queues>>>>,
@@ -138,9 +141,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Pipes {
-    pub(crate) fn new(store: Arc<Store>, ttl: Duration) -> Arc<Pipes> {
+    pub(crate) fn new(store: Arc<Store>, holders: Arc<PipeHolders>, ttl: Duration) -> Arc<Pipes> {
         let pipes = Arc::new(Pipes {
             store,
+            holders,
             ttl,
             queues: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
@@ -334,11 +338,13 @@ impl Pipes {
         pid: u32,
     ) -> Result<(u64, PipeState), Errno> {
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        // Descriptors belong to processes, not threads: the holder is the
+        // opening thread's process.
         let op = PipeOp::Open {
             pipe,
             handle,
             end,
-            pid,
+            pid: ProcessOf::read(pid).pid,
         };
         match self.apply_to(q, op)? {
             PipeReply::Ends { state, .. } => {
@@ -473,6 +479,14 @@ impl Pipes {
                 tracing::warn!("closing pipe handle {handle}: {e}");
                 None
             }
+        }
+    }
+
+    /// Task `tid` closed a descriptor of the open pipe file `fh` (FLUSH):
+    /// what its process still holds is read again.
+    pub(crate) fn flushed(&self, fh: u64, tid: u32) {
+        if lock(&self.handles).contains_key(&fh) {
+            self.holders.sync(tid);
         }
     }
 

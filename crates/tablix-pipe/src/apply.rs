@@ -32,6 +32,7 @@ pub fn apply(conn: &Connection, now_ns: i64, op: &PipeOp) -> Result<PipeReply, P
             pid,
         } => open(conn, *pipe, *handle, *end, *pid, now_ns),
         PipeOp::Close { handle } => close(conn, *handle, now_ns),
+        PipeOp::Holds { pid, parent, held } => holds(conn, *pid, *parent, held, now_ns),
         PipeOp::Io {
             pipe,
             write: data,
@@ -105,9 +106,11 @@ fn open(
     state(conn, pipe)?;
     let handle = i64::try_from(handle).map_err(|_| PipeError::NoSuchHandle(handle))?;
     conn.prepare_cached(
-        "INSERT INTO pid_pipe(handle, pipe, pid, end, opened_ns) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO pipe_end(handle, pipe, end, opened_ns) VALUES (?1, ?2, ?3, ?4)",
     )?
-    .execute(params![handle, pipe, pid, end.as_str(), now_ns])?;
+    .execute(params![handle, pipe, end.as_str(), now_ns])?;
+    conn.prepare_cached("INSERT INTO pid_pipe(pid, handle, since_ns) VALUES (?1, ?2, ?3)")?
+        .execute(params![pid, handle, now_ns])?;
     ends(conn, pipe, end, 1, now_ns)?;
     Ok(PipeReply::Ends {
         pipe,
@@ -137,18 +140,16 @@ fn collect(conn: &Connection, pipe: i64) -> Result<bool, PipeError> {
 fn close(conn: &Connection, handle: u64, now_ns: i64) -> Result<PipeReply, PipeError> {
     let key = i64::try_from(handle).map_err(|_| PipeError::NoSuchHandle(handle))?;
     let found: Option<(i64, String)> = conn
-        .prepare_cached("SELECT pipe, end FROM pid_pipe WHERE handle = ?1")?
+        .prepare_cached("SELECT pipe, end FROM pipe_end WHERE handle = ?1")?
         .query_row([key], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     let Some((pipe, end)) = found else {
         return Err(PipeError::NoSuchHandle(handle));
     };
-    let end = match end.as_str() {
-        "read" => End::Read,
-        "write" => End::Write,
-        _ => End::Both,
-    };
+    let end = End::parse(&end);
     conn.prepare_cached("DELETE FROM pid_pipe WHERE handle = ?1")?
+        .execute([key])?;
+    conn.prepare_cached("DELETE FROM pipe_end WHERE handle = ?1")?
         .execute([key])?;
     ends(conn, pipe, end, -1, now_ns)?;
     let s = state(conn, pipe)?;
@@ -172,6 +173,84 @@ fn close(conn: &Connection, handle: u64, now_ns: i64) -> Result<PipeReply, PipeE
         },
         removed,
     })
+}
+
+/// Makes `pid`'s rows of `pid_pipe` the ends `held`: see `PipeOp::Holds`.
+fn holds(
+    conn: &Connection,
+    pid: u32,
+    parent: Option<u32>,
+    held: &[(i64, End)],
+    now_ns: i64,
+) -> Result<PipeReply, PipeError> {
+    let had: Vec<(i64, i64, String)> = conn
+        .prepare_cached(
+            "SELECT h.handle, e.pipe, e.end FROM pid_pipe h JOIN pipe_end e ON e.handle = h.handle
+             WHERE h.pid = ?1",
+        )?
+        .query_map([pid], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut removed = 0;
+    for (handle, pipe, end) in &had {
+        if !held.contains(&(*pipe, End::parse(end))) {
+            conn.prepare_cached("DELETE FROM pid_pipe WHERE pid = ?1 AND handle = ?2")?
+                .execute(params![pid, handle])?;
+            removed += 1;
+        }
+    }
+    let mut added = 0;
+    for &(pipe, end) in held {
+        let kept = had
+            .iter()
+            .any(|(_, p, e)| *p == pipe && End::parse(e) == end);
+        if kept {
+            continue;
+        }
+        // Which of the pipe's open handles with this end the descriptor is
+        // cannot be seen from /proc; the parent's is the likely one (an
+        // inherited descriptor), else the newest.
+        let handle: Option<i64> = conn
+            .prepare_cached(
+                "SELECT e.handle FROM pipe_end e
+                 WHERE e.pipe = ?1 AND e.end = ?2
+                 ORDER BY e.handle IN (SELECT handle FROM pid_pipe WHERE pid = ?3) DESC,
+                          e.handle DESC
+                 LIMIT 1",
+            )?
+            .query_row(params![pipe, end.as_str(), parent], |r| r.get(0))
+            .optional()?;
+        if let Some(handle) = handle {
+            added += conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO pid_pipe(pid, handle, since_ns) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![pid, handle, now_ns])? as u32;
+        }
+    }
+    Ok(PipeReply::Held { added, removed })
+}
+
+/// Process `child` was forked by `parent`: it holds every end its parent
+/// holds. Returns whether it holds any now, when what it really holds is
+/// worth reading (`PipeOp::Holds`): it may have closed some before its
+/// fork was applied, and rows recorded from its own descriptors before
+/// then are kept. Runs in the process table's transaction.
+pub fn forked(conn: &Connection, parent: u32, child: u32, at_ns: i64) -> rusqlite::Result<bool> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO pid_pipe(pid, handle, since_ns)
+         SELECT ?2, handle, ?3 FROM pid_pipe WHERE pid = ?1",
+    )?
+    .execute(params![parent, child, at_ns])?;
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM pid_pipe WHERE pid = ?1)")?
+        .query_row([child], |r| r.get(0))
+}
+
+/// Process `pid` ended: it holds nothing. (Its ends' handles close when
+/// their last descriptor does, which the kernel reports separately.)
+pub fn exited(conn: &Connection, pid: u32) -> rusqlite::Result<()> {
+    conn.prepare_cached("DELETE FROM pid_pipe WHERE pid = ?1")?
+        .execute([pid])?;
+    Ok(())
 }
 
 /// Appends as much of `data` as fits; returns the count and the state.
@@ -530,7 +609,7 @@ mod tests {
             r => panic!("{r:?}"),
         }
         let left: i64 = c
-            .query_row("SELECT (SELECT count(*) FROM pipe) + (SELECT count(*) FROM pipe_data) + (SELECT count(*) FROM pid_pipe)", [], |r| r.get(0))
+            .query_row("SELECT (SELECT count(*) FROM pipe) + (SELECT count(*) FROM pipe_data) + (SELECT count(*) FROM pid_pipe) + (SELECT count(*) FROM pipe_end)", [], |r| r.get(0))
             .unwrap();
         assert_eq!(left, 0);
     }
@@ -560,5 +639,121 @@ mod tests {
             apply(&c, 1, &PipeOp::Unlink { name: long }),
             Err(PipeError::NoSuchName(_))
         ));
+    }
+
+    /// `(pid, pipe, end)` of every holder, ordered.
+    fn holders(c: &Connection) -> Vec<(u32, i64, String)> {
+        c.prepare(
+            "SELECT h.pid, e.pipe, e.end FROM pid_pipe h JOIN pipe_end e USING (handle)
+             ORDER BY 1, 2, 3",
+        )
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
+    }
+
+    fn holds(c: &Connection, pid: u32, parent: Option<u32>, held: &[(i64, End)]) -> (u32, u32) {
+        let op = PipeOp::Holds {
+            pid,
+            parent,
+            held: held.to_vec(),
+        };
+        match apply(c, 5, &op).unwrap() {
+            PipeReply::Held { added, removed } => (added, removed),
+            r => panic!("{r:?}"),
+        }
+    }
+
+    #[test]
+    fn holders_follow_forks_closes_and_exits() {
+        // sh (pid 1) makes a pipe and forks a writer (2) and a reader (3),
+        // as `a | b` does; each child keeps one end, sh keeps none.
+        let c = db();
+        let p = create(&c, "p", 65536);
+        open(&c, p, 1, End::Read);
+        open(&c, p, 2, End::Write);
+        let h = |pid: u32, end: &str| (pid, p, end.to_string());
+        assert_eq!(holders(&c), vec![h(1, "read"), h(1, "write")]);
+        assert!(forked(&c, 1, 2, 3).unwrap());
+        assert!(forked(&c, 1, 3, 3).unwrap());
+        assert!(!forked(&c, 9, 4, 3).unwrap(), "a parent without pipes");
+        assert_eq!(holders(&c).len(), 6);
+        assert_eq!(holds(&c, 2, Some(1), &[(p, End::Write)]), (0, 1));
+        assert_eq!(holds(&c, 3, Some(1), &[(p, End::Read)]), (0, 1));
+        assert_eq!(holds(&c, 1, None, &[]), (0, 2));
+        assert_eq!(holders(&c), vec![h(2, "write"), h(3, "read")]);
+        // What a process holds is read again and again: nothing changes.
+        assert_eq!(holds(&c, 3, Some(1), &[(p, End::Read)]), (0, 0));
+        // Counts of open ends are the kernel's (handles), not holders'.
+        let s = state(&c, p).unwrap();
+        assert_eq!((s.readers, s.writers), (1, 1));
+        // A process seen holding an end it did not inherit (passed over a
+        // socket, or read before its fork was applied) takes a handle of
+        // that pipe and end.
+        assert_eq!(
+            holds(&c, 7, None, &[(p, End::Write), (99, End::Read)]),
+            (1, 0)
+        );
+        assert!(holders(&c).contains(&h(7, "write")));
+        exited(&c, 2).unwrap();
+        exited(&c, 7).unwrap();
+        assert_eq!(holders(&c), vec![h(3, "read")]);
+        // The last descriptor closes: the handle and its holders go.
+        apply(&c, 6, &PipeOp::Close { handle: 1 }).unwrap();
+        apply(&c, 6, &PipeOp::Close { handle: 2 }).unwrap();
+        assert!(holders(&c).is_empty());
+        // A child whose own descriptors were read before its fork was
+        // applied keeps what was read; it is read again after.
+        open(&c, p, 3, End::Read);
+        assert_eq!(holds(&c, 8, Some(4), &[]), (0, 0));
+        assert_eq!(holds(&c, 9, Some(1), &[(p, End::Read)]), (1, 0));
+        assert!(!forked(&c, 4, 8, 7).unwrap());
+        assert!(forked(&c, 4, 9, 7).unwrap(), "read it again");
+        assert_eq!(holders(&c), vec![h(1, "read"), h(9, "read")]);
+    }
+
+    #[test]
+    fn an_end_taken_up_prefers_the_parents_handle() {
+        let c = db();
+        let p = create(&c, "p", 65536);
+        // Two processes opened the read end of one named pipe on their own.
+        apply(
+            &c,
+            1,
+            &PipeOp::Open {
+                pipe: p,
+                handle: 10,
+                end: End::Read,
+                pid: 100,
+            },
+        )
+        .unwrap();
+        apply(
+            &c,
+            1,
+            &PipeOp::Open {
+                pipe: p,
+                handle: 11,
+                end: End::Read,
+                pid: 200,
+            },
+        )
+        .unwrap();
+        holds(&c, 101, Some(100), &[(p, End::Read)]);
+        let handle: i64 = c
+            .query_row("SELECT handle FROM pid_pipe WHERE pid = 101", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(handle, 10);
+        holds(&c, 300, None, &[(p, End::Read)]);
+        let handle: i64 = c
+            .query_row("SELECT handle FROM pid_pipe WHERE pid = 300", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(handle, 11, "without a parent holding it: the newest");
     }
 }

@@ -1,7 +1,9 @@
 //! Pipes as rows, after SQLiteOS (seed 000): each pipe is a row of `pipe`
 //! (the seed's pipe_data header: capacity, buffered bytes, counters, open
-//! ends), its buffered bytes are rows of `pipe_data` in write order, and
-//! each open end is a row of `pid_pipe` (which process opened which end).
+//! ends), its buffered bytes are rows of `pipe_data` in write order, each
+//! open end is a row of `pipe_end`, and each process holding one a row of
+//! `pid_pipe`: the opener, and the processes that inherit it ([`forked`])
+//! until they close it (`PipeOp::Holds`) or exit ([`exited`]).
 //!
 //! [`apply`] runs one [`PipeOp`] on a connection to the memory database,
 //! inside the caller's write transaction; it reads no clock (times come in
@@ -18,6 +20,6 @@ mod op;
 pub mod read;
 pub mod schema;
 
-pub use apply::apply;
+pub use apply::{apply, exited, forked};
 pub use op::{End, PIPE_BUF, PipeError, PipeOp, PipeReply, PipeState};
 pub use read::state;

@@ -20,6 +20,14 @@ impl End {
     pub fn writes(self) -> bool {
         matches!(self, End::Write | End::Both)
     }
+    /// The end a `pipe_end.end` value names.
+    pub(crate) fn parse(s: &str) -> End {
+        match s {
+            "read" => End::Read,
+            "write" => End::Write,
+            _ => End::Both,
+        }
+    }
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             End::Read => "read",
@@ -41,15 +49,27 @@ pub enum PipeOp {
         capacity: u32,
         exclusive: bool,
     },
-    /// Records that process `pid` opened `end` of `pipe` as `handle`.
+    /// Records that process `pid` opened `end` of `pipe` as `handle`, and
+    /// holds it.
     Open {
         pipe: i64,
         handle: u64,
         end: End,
         pid: u32,
     },
-    /// Closes `handle`; a pipe with no name and no open end is removed.
+    /// Closes `handle` (its last descriptor closed, in every process); a
+    /// pipe with no name and no open end is removed.
     Close { handle: u64 },
+    /// Process `pid` holds exactly the ends `held` of pipes (as its
+    /// descriptors show, read after it closed one or was forked). Ends it
+    /// held before and holds still keep their handle and `since_ns`; a new
+    /// one is taken as an open handle of that pipe and end, `parent`'s if
+    /// the parent holds one.
+    Holds {
+        pid: u32,
+        parent: Option<u32>,
+        held: Vec<(i64, End)>,
+    },
     /// Moves bytes through the pipe in one transaction: appends as much of
     /// `write` as fits (nothing unless all of it fits, for at most
     /// PIPE_BUF bytes) and consumes up to `read` bytes, reading first if
@@ -79,6 +99,11 @@ pub enum PipeReply {
         pipe: i64,
         state: PipeState,
         removed: bool,
+    },
+    /// After `Holds`: how many ends the process took up and gave up.
+    Held {
+        added: u32,
+        removed: u32,
     },
     /// Bytes appended and bytes consumed.
     Io {

@@ -9,6 +9,10 @@ pub const MAX_NAME: usize = 255;
 /// A pipe's id is its file's inode number (offset); AUTOINCREMENT keeps the
 /// kernel from meeting a new pipe under an inode number it may still cache.
 ///
+/// `pipe_end` is one open end: an open file description (FUSE's file
+/// handle), which every descriptor that `dup` and `fork` make of it shares.
+/// `pid_pipe` names each process (thread group) holding one.
+///
 /// Tables and views, unqualified: they are created on a connection that
 /// has the memory database as `main`, and read as `mem.*` elsewhere.
 pub const SCHEMA: &str = "
@@ -36,14 +40,20 @@ CREATE TABLE pipe_data(
     data BLOB NOT NULL
 );
 CREATE INDEX pipe_data_by_pipe ON pipe_data(pipe, seq);
-CREATE TABLE pid_pipe(
+CREATE TABLE pipe_end(
     handle    INTEGER PRIMARY KEY,
     pipe      INTEGER NOT NULL REFERENCES pipe(id),
-    pid       INTEGER NOT NULL,
     end       TEXT NOT NULL CHECK (end IN ('read', 'write', 'both')),
     opened_ns INTEGER NOT NULL
 );
-CREATE INDEX pid_pipe_by_pipe ON pid_pipe(pipe);
+CREATE INDEX pipe_end_by_pipe ON pipe_end(pipe, end);
+CREATE TABLE pid_pipe(
+    pid      INTEGER NOT NULL,
+    handle   INTEGER NOT NULL REFERENCES pipe_end(handle),
+    since_ns INTEGER NOT NULL,
+    PRIMARY KEY (pid, handle)
+) WITHOUT ROWID;
+CREATE INDEX pid_pipe_by_handle ON pid_pipe(handle);
 ";
 
 /// The pipes as SQL users see them, created in the temp schema of each
@@ -51,7 +61,8 @@ CREATE INDEX pid_pipe_by_pipe ON pid_pipe(pipe);
 /// only by root). `pipes`: every named pipe (anyone may list the pipes
 /// directory), and the anonymous pipes the querying user created (root:
 /// all). `pid_pipe`: which process holds which end, for the processes the
-/// user may inspect, as /proc/PID/fd shows them. `pipe_data`, the bytes in
+/// user may inspect, as /proc/PID/fd shows them (`since_ns`: since when
+/// the process holds it; `opened_ns`: when the end was opened). `pipe_data`, the bytes in
 /// flight, has no view. The store provides `tablix_caller_uid()` and
 /// `tablix_may_inspect(uid, euid, gid, egid)`; inner names start with
 /// `tablix_`, which user SQL may not give a CTE.
@@ -66,8 +77,9 @@ CREATE TEMP VIEW pid_pipe AS
         SELECT pid FROM mem.processes
         WHERE exit_ns IS NULL AND tablix_may_inspect(uid, euid, gid, egid)
     )
-    SELECT handle, pipe, pid, end, opened_ns FROM mem.pid_pipe
-    WHERE tablix_caller_uid() = 0 OR pid IN tablix_inspectable;
+    SELECT e.handle, e.pipe, h.pid, e.end, e.opened_ns, h.since_ns
+    FROM mem.pid_pipe h JOIN mem.pipe_end e ON e.handle = h.handle
+    WHERE tablix_caller_uid() = 0 OR h.pid IN tablix_inspectable;
 ";
 
 /// Whether `name` may name a pipe: a file name that is not `.` or `..`,

@@ -494,8 +494,10 @@ impl Store {
     }
 
     /// Applies a batch of process events (node-local) at once, on this
-    /// thread.
-    pub fn apply_proc(&self, stamp: Stamp, op: &ProcOp) -> Result<(), StoreError> {
+    /// thread. Returns the processes the batch forked that inherited pipe
+    /// ends (what each still holds is for the caller to read: see
+    /// `PipeOp::Holds`).
+    pub fn apply_proc(&self, stamp: Stamp, op: &ProcOp) -> Result<Vec<u32>, StoreError> {
         self.local(|c| volatile::apply_alone(&Processes(c), stamp, op))
     }
 

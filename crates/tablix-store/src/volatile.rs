@@ -302,22 +302,47 @@ impl StateMachine for Pipes<'_> {
 }
 
 /// The process table's domain (tablix-proc): batches of process events.
+/// A fork or exit also changes who holds pipe ends (`pid_pipe`): a child
+/// holds what its parent holds, an exited process nothing. The reply names
+/// the children that inherited pipe ends.
 pub(crate) struct Processes<'c>(pub(crate) &'c Connection);
 
 impl StateMachine for Processes<'_> {
     type Op = tablix_proc::ProcOp;
-    type Reply = ();
+    type Reply = Vec<u32>;
     type Bounds = ();
 
     fn connection(&self) -> &Connection {
         self.0
     }
 
-    fn apply(&self, _: Stamp, op: &tablix_proc::ProcOp, _: &()) -> Result<(), StoreError> {
-        Ok(tablix_proc::apply(self.0, op)?)
+    fn apply(&self, _: Stamp, op: &tablix_proc::ProcOp, _: &()) -> Result<Vec<u32>, StoreError> {
+        tablix_proc::apply(self.0, op)?;
+        let mut inherited = Vec::new();
+        for event in &op.events {
+            match *event {
+                // A new thread shares its process's descriptors: only a new
+                // process inherits.
+                tablix_proc::ProcEvent::Fork {
+                    pid,
+                    tgid,
+                    parent_tgid,
+                    at_ns,
+                    ..
+                } if pid == tgid && tablix_pipe::forked(self.0, parent_tgid, pid, at_ns)? => {
+                    inherited.push(pid);
+                }
+                tablix_proc::ProcEvent::Exit { pid, .. } => {
+                    tablix_pipe::exited(self.0, pid)?;
+                    inherited.retain(|p| *p != pid);
+                }
+                _ => {}
+            }
+        }
+        Ok(inherited)
     }
 
-    fn refused(_: &()) -> bool {
+    fn refused(_: &Vec<u32>) -> bool {
         false
     }
 }

@@ -319,7 +319,8 @@ async fn serve(
     };
     // The watcher seeds the table before returning: blocking, not on an
     // async worker.
-    tokio::task::block_in_place(|| watch_processes(Arc::clone(&store), args))?;
+    let holders = mounted.as_ref().map(|m| m.pipe_holders());
+    tokio::task::block_in_place(|| watch_processes(Arc::clone(&store), args, holders))?;
     let info = ServerInfo {
         version: version.clone(),
         pid: std::process::id(),
@@ -395,16 +396,29 @@ async fn serve(
 }
 
 /// Keeps the `processes` table current: kernel events when privileged,
-/// else polling /proc, which is said once at start.
-fn watch_processes(store: Arc<Store>, args: &UpArgs) -> anyhow::Result<()> {
+/// else polling /proc, which is said once at start. The children a batch
+/// forked that inherited pipe ends have their descriptors read (`holders`,
+/// the mount's).
+fn watch_processes(
+    store: Arc<Store>,
+    args: &UpArgs,
+    holders: Option<Arc<tablix_fuse::PipeHolders>>,
+) -> anyhow::Result<()> {
     let config = tablix_proc::WatchConfig {
         history: args.process_history,
         poll_interval: Duration::from_millis(args.process_poll_ms),
         force_poll: std::env::var_os("TABLIX_PROCESS_POLL").is_some(),
     };
     let watcher = tablix_proc::Watcher::start(config, move |op| {
-        if let Err(e) = store.apply_proc(tablix_store::Stamp::now(), &op) {
-            tracing::warn!("updating the process table: {e}");
+        match store.apply_proc(tablix_store::Stamp::now(), &op) {
+            Ok(inherited) => {
+                if let Some(holders) = &holders {
+                    for pid in inherited {
+                        holders.sync(pid);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("updating the process table: {e}"),
         }
     })
     .context("starting the process-table watcher")?;

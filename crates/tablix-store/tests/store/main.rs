@@ -782,7 +782,7 @@ fn pipes_and_sql_readers_share_the_memory_database_without_busy() {
             while !done.load(std::sync::atomic::Ordering::Relaxed) || n == 0 {
                 let out = store
                     .query(&Principal::root(), &[Statement::new(
-                        "SELECT sum(total_in), sum(buffered) FROM pipes JOIN mem.pid_pipe ON pipe = id",
+                        "SELECT sum(total_in), sum(buffered) FROM pipes JOIN mem.pipe_end ON pipe = id",
                     )])
                     .unwrap();
                 assert!(!out[0].result.is_error(), "{:?}", out[0].result);

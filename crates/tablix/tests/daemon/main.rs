@@ -1258,43 +1258,103 @@ fn tablix_run_sends_every_pipe_through_the_database_with_unchanged_output() {
     // The kernel releases closed ends asynchronously: let the pipes of
     // the pipelines above go first.
     wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
-    // While a pipeline runs, its pipe is a row joined with the processes
-    // holding its ends; afterwards nothing is left.
-    let mut running = Command::new(BIN)
-        .args([
-            "run",
-            "--data",
-            data.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            "sleep 60 | sleep 60",
-        ])
-        // Its own process group, so that the whole pipeline can be stopped.
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let held = wait_rows(
-        &d,
-        "SELECT p.readers, p.writers, count(DISTINCT h.handle), min(x.comm)
-         FROM pipes p JOIN mem.pid_pipe h ON h.pipe = p.id
-         LEFT JOIN processes x ON x.pid = h.pid AND x.exit_ns IS NULL
-         GROUP BY p.id",
-        // Process events and the two opens are applied asynchronously:
-        // wait for the exec and both ends.
-        |r| r.len() == 1 && r[0][3] == "sh" && r[0][0] == 1 && r[0][1] == 1,
-    );
-    assert_eq!(held[0][0], 1);
-    assert_eq!(held[0][1], 1);
-    assert_eq!(held[0][2], 2);
-    assert_eq!(
-        held[0][3], "sh",
-        "the shell that called pipe() holds both ends"
-    );
-    kill(Pid::from_raw(-(running.id() as i32)), Signal::SIGTERM).unwrap();
-    wait_for_exit(&mut running, COMMAND_LIMIT).expect("the pipeline outlived SIGTERM");
-    wait_rows(&d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
+    pipe_holders_follow_forks_closes_and_exits(&d, &data);
     d.stop();
+}
+
+/// Every process holding an end of a pipe is a row of `pid_pipe`, as
+/// /proc/PID/fd shows it: the processes of a pipeline hold their ends and
+/// the shell that made the pipe (and closed it) holds none; a process that
+/// inherits an end and never closes anything holds it too; a holder that
+/// exits is gone while the pipe lives on.
+fn pipe_holders_follow_forks_closes_and_exits(d: &Daemon, data: &Path) {
+    // The README's join: which processes hold which end of which pipe.
+    let holders = "SELECT p.id, h.end, x.comm, h.pid FROM pipes p
+         JOIN pid_pipe h ON h.pipe = p.id JOIN processes x ON x.pid = h.pid AND x.exit_ns IS NULL
+         ORDER BY p.id, h.end";
+    let shape = |r: &[Vec<serde_json::Value>]| -> Vec<(String, String)> {
+        r.iter()
+            .map(|row| {
+                (
+                    row[1].as_str().unwrap_or("").to_string(),
+                    row[2].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    let sleeps = |ends: &[&str]| -> Vec<(String, String)> {
+        ends.iter()
+            .map(|e| (e.to_string(), "sleep".to_string()))
+            .collect()
+    };
+    let cases: [(&str, &str, &[&str]); 3] = [
+        // sh makes the pipe, forks both sides and closes its own ends.
+        ("sh", "sleep 60 | sleep 60", &["read", "write"]),
+        // Three stages: the middle one holds the first pipe's read end and
+        // the second's write end.
+        (
+            "bash",
+            "sleep 60 | sleep 60 | sleep 60",
+            &["read", "write", "read", "write"],
+        ),
+        // The background sleep inherits fd 3 and closes nothing; bash
+        // closes its copy after forking it.
+        (
+            "bash",
+            "exec 3> >(sleep 60); sleep 60 & exec 3>&-; wait",
+            &["read", "write"],
+        ),
+    ];
+    for (shell, script, ends) in cases {
+        let mut running = Command::new(BIN)
+            .args([
+                "run",
+                "--data",
+                data.to_str().unwrap(),
+                "--",
+                shell,
+                "-c",
+                script,
+            ])
+            // Its own process group, so that all of it can be stopped.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let got = wait_rows(d, holders, |r| shape(r) == sleeps(ends));
+        // Each pid is a live process whose /proc/PID/fd has that end.
+        for row in &got {
+            let pid = row[3].as_i64().unwrap();
+            let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .map(|l| l.display().to_string())
+                .collect();
+            assert!(
+                fds.iter().any(|l| l.contains("/.tablix/pipes/anon-")),
+                "{script}: process {pid} holds no tablix pipe: {fds:?}"
+            );
+        }
+        if script.starts_with("sleep 60 | sleep 60 | sleep 60") {
+            // The first sleep exits: the first pipe's write end goes with
+            // it, the rest of the pipeline is still there.
+            let first = got
+                .iter()
+                .find(|r| r[1] == "write" && r[0] == got[0][0])
+                .unwrap();
+            kill(
+                Pid::from_raw(first[3].as_i64().unwrap() as i32),
+                Signal::SIGKILL,
+            )
+            .unwrap();
+            wait_rows(d, holders, |r| {
+                shape(r) == sleeps(&["read", "read", "write"])
+            });
+        }
+        kill(Pid::from_raw(-(running.id() as i32)), Signal::SIGKILL).unwrap();
+        wait_for_exit(&mut running, COMMAND_LIMIT).expect("the pipeline outlived SIGKILL");
+        wait_rows(d, "SELECT count(*) FROM pipes", |r| r[0][0] == 0);
+        wait_rows(d, "SELECT count(*) FROM mem.pid_pipe", |r| r[0][0] == 0);
+    }
 }
 
 #[test]
