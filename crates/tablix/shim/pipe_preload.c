@@ -21,6 +21,15 @@
  * restart a call). read, write, readv and writev are wrapped to restart
  * such a call themselves when every installed handler asks for restarts,
  * which is what the kernel would have done for whichever signal it was.
+ *
+ * The C library's stdio reads through its own internal read, which no
+ * preload library can replace, so its input functions are wrapped too:
+ * __uflow (what getc_unlocked calls on an empty buffer) restarts the
+ * interrupted refill; getc, fgetc, getchar and their unlocked forms,
+ * fgets and getdelim/getline read through it, a character at a time from
+ * the stream's buffer; fread restarts its own transfer, counting bytes.
+ * Output (fwrite, fputs, printf) and scanf are not wrapped: there an
+ * interrupted write or read fails with EINTR and sets the stream's error.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -32,6 +41,7 @@
 #include <time.h>
 #include <string.h>
 #include <signal.h>
+#include <limits.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/sysmacros.h>
@@ -328,4 +338,264 @@ ssize_t writev(int fd, const struct iovec *iov, int n)
         r = real_writev(fd, iov, n);
     while (r < 0 && restart(fd));
     return r;
+}
+
+/* ----- stdio input ----- */
+
+/* The headers may define these as macros; here they are functions. */
+#undef getc
+#undef getc_unlocked
+#undef fgetc_unlocked
+#undef getchar_unlocked
+#undef fread_unlocked
+
+/* Whether `f`'s read failed with an interruption to be restarted: its
+ * error flag is set now but was not before, errno is EINTR, the stream
+ * reads a tablix pipe and every handler asks for restarts. */
+static int stream_restarts(FILE *f, int had_error)
+{
+    return !had_error && (f->_flags & _IO_ERR_SEEN) && restart(f->_fileno);
+}
+
+typedef int (*uflow_fn)(FILE *);
+
+/* Refills `f`'s buffer and takes a character (the slow path of
+ * getc_unlocked), restarting an interrupted refill. */
+int __uflow(FILE *f)
+{
+    NEXT(__uflow, uflow_fn)
+    int had_error = f->_flags & _IO_ERR_SEEN;
+    for (;;) {
+        int c = real___uflow(f);
+        if (c != EOF || !stream_restarts(f, had_error))
+            return c;
+        f->_flags &= ~_IO_ERR_SEEN;
+    }
+}
+
+/* A character from `f`, its lock held: the C library's macro, whose slow
+ * path is the __uflow above. */
+static int take(FILE *f)
+{
+    return __getc_unlocked_body(f);
+}
+
+int getc_unlocked(FILE *f)
+{
+    return take(f);
+}
+
+int fgetc_unlocked(FILE *f)
+{
+    return take(f);
+}
+
+int getchar_unlocked(void)
+{
+    return take(stdin);
+}
+
+int getc(FILE *f)
+{
+    flockfile(f);
+    int c = take(f);
+    funlockfile(f);
+    return c;
+}
+
+int fgetc(FILE *f)
+{
+    return getc(f);
+}
+
+int _IO_getc(FILE *f)
+{
+    return getc(f);
+}
+
+int getchar(void)
+{
+    return getc(stdin);
+}
+
+/* fgets as the C library has it (the stream's earlier error is kept
+ * aside; NULL when nothing was read or a read failed), reading through
+ * take(). */
+static char *fgets_locked(char *s, int n, FILE *f)
+{
+    if (n <= 0)
+        return NULL;
+    if (n == 1) {
+        s[0] = 0;
+        return s;
+    }
+    int old_error = f->_flags & _IO_ERR_SEEN;
+    f->_flags &= ~_IO_ERR_SEEN;
+    int count = 0;
+    while (count < n - 1) {
+        int c = take(f);
+        if (c == EOF)
+            break;
+        s[count++] = (char)c;
+        if (c == '\n')
+            break;
+    }
+    char *result;
+    if (count == 0 || ((f->_flags & _IO_ERR_SEEN) && errno != EAGAIN)) {
+        result = NULL;
+    } else {
+        s[count] = 0;
+        result = s;
+    }
+    f->_flags |= old_error;
+    return result;
+}
+
+char *fgets_unlocked(char *s, int n, FILE *f)
+{
+    return fgets_locked(s, n, f);
+}
+
+char *fgets(char *s, int n, FILE *f)
+{
+    flockfile(f);
+    char *r = fgets_locked(s, n, f);
+    funlockfile(f);
+    return r;
+}
+
+void __chk_fail(void) __attribute__((noreturn));
+
+char *__fgets_chk(char *s, size_t size, int n, FILE *f)
+{
+    if ((size_t)n > size)
+        __chk_fail();
+    return fgets(s, n, f);
+}
+
+char *__fgets_unlocked_chk(char *s, size_t size, int n, FILE *f)
+{
+    if ((size_t)n > size)
+        __chk_fail();
+    return fgets_unlocked(s, n, f);
+}
+
+/* getdelim as the C library has it: the line, delimiter included, in a
+ * buffer grown as needed; -1 when nothing was read. */
+ssize_t getdelim(char **line, size_t *cap, int delim, FILE *f)
+{
+    if (!line || !cap) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (!*line || *cap == 0) {
+        size_t want = 120;
+        char *p = realloc(*line, want);
+        if (!p) {
+            errno = ENOMEM;
+            return -1;
+        }
+        *line = p;
+        *cap = want;
+    }
+    flockfile(f);
+    size_t len = 0;
+    ssize_t result = -1;
+    for (;;) {
+        int c = take(f);
+        if (c == EOF)
+            break;
+        if (len + 1 >= *cap) {
+            size_t want = *cap * 2;
+            if (want > (size_t)SSIZE_MAX) {
+                errno = EOVERFLOW;
+                f->_flags |= _IO_ERR_SEEN;
+                goto out;
+            }
+            char *p = realloc(*line, want);
+            if (!p) {
+                errno = ENOMEM;
+                f->_flags |= _IO_ERR_SEEN;
+                goto out;
+            }
+            *line = p;
+            *cap = want;
+        }
+        (*line)[len++] = (char)c;
+        if (c == delim)
+            break;
+    }
+    if (len > 0) {
+        (*line)[len] = 0;
+        result = (ssize_t)len;
+    }
+out:
+    funlockfile(f);
+    return result;
+}
+
+ssize_t __getdelim(char **line, size_t *cap, int delim, FILE *f)
+{
+    return getdelim(line, cap, delim, f);
+}
+
+ssize_t getline(char **line, size_t *cap, FILE *f)
+{
+    return getdelim(line, cap, '\n', f);
+}
+
+typedef size_t (*fread_fn)(void *, size_t, size_t, FILE *);
+
+/* fread, restarting an interrupted transfer where it stopped: the C
+ * library's own reads the bytes in whole, so they are counted one by one. */
+static size_t fread_restarting(void *p, size_t size, size_t n, FILE *f, fread_fn real)
+{
+    if (size == 0 || n == 0)
+        return 0;
+    size_t total;
+    if (__builtin_mul_overflow(size, n, &total)) {
+        errno = EOVERFLOW;
+        return 0;
+    }
+    int had_error = f->_flags & _IO_ERR_SEEN;
+    size_t done = 0;
+    while (done < total) {
+        size_t got = real((char *)p + done, 1, total - done, f);
+        done += got;
+        if (done == total || !stream_restarts(f, had_error))
+            break;
+        f->_flags &= ~_IO_ERR_SEEN;
+    }
+    return done / size;
+}
+
+size_t fread(void *p, size_t size, size_t n, FILE *f)
+{
+    NEXT(fread, fread_fn)
+    flockfile(f);
+    size_t r = fread_restarting(p, size, n, f, real_fread);
+    funlockfile(f);
+    return r;
+}
+
+size_t fread_unlocked(void *p, size_t size, size_t n, FILE *f)
+{
+    NEXT(fread_unlocked, fread_fn)
+    return fread_restarting(p, size, n, f, real_fread_unlocked);
+}
+
+size_t __fread_chk(void *p, size_t room, size_t size, size_t n, FILE *f)
+{
+    size_t total;
+    if (__builtin_mul_overflow(size, n, &total) || total > room)
+        __chk_fail();
+    return fread(p, size, n, f);
+}
+
+size_t __fread_unlocked_chk(void *p, size_t room, size_t size, size_t n, FILE *f)
+{
+    size_t total;
+    if (__builtin_mul_overflow(size, n, &total) || total > room)
+        __chk_fail();
+    return fread_unlocked(p, size, n, f);
 }

@@ -1659,19 +1659,23 @@ fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
     let d = Daemon::start(&data, &[mnt.to_str().unwrap()]);
-    for (arg, want) in [
-        ("restart", "read x after 1 alarm(s)"),
-        ("norestart", "EINTR after 1 alarm(s)"),
-    ] {
-        let native = Command::new(&prog).arg(arg).output_limited();
-        assert_eq!(text(&native).0.trim(), want, "kernel pipe, {arg}");
-        let got = tablix_run(&data, &[prog.to_str().unwrap(), arg]);
-        assert_eq!(
-            text(&got).0.trim(),
-            want,
-            "tablix pipe, {arg}: {:?}",
-            text(&got)
-        );
+    // read(2) and the C library's stdio input, whose reads are its own.
+    for call in ["read", "fgets", "getline", "fread", "getc"] {
+        for (arg, want) in [
+            ("restart", "read \"one two \", EOF after 1 alarm(s)"),
+            ("norestart", "read \"one \", EINTR after 1 alarm(s)"),
+        ] {
+            let want = format!("{call}: {want}");
+            let native = Command::new(&prog).args([arg, call]).output_limited();
+            assert_eq!(text(&native).0.trim(), want, "kernel pipe, {arg}");
+            let got = tablix_run(&data, &[prog.to_str().unwrap(), arg, call]);
+            assert_eq!(
+                text(&got).0.trim(),
+                want,
+                "tablix pipe, {arg}: {:?}",
+                text(&got)
+            );
+        }
     }
     d.stop();
 }
