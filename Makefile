@@ -68,7 +68,7 @@ pcache-c-test:
 	$(CARGO) build --locked --release -p tablix-pcache --target-dir target/pcache-c
 	cc -O2 -Wall -Wextra -Werror -Icrates/tablix-pcache/include crates/tablix-pcache/c/install_test.c \
 		$(PCACHE_LIB) -lsqlite3 -lpthread -ldl -lm -o target/pcache-c/install_test
-	for p in lru lfu-hist s3-fifo w-tinylfu; do ./target/pcache-c/install_test $$p || exit 1; done
+	for p in lru lfu-hist s3-fifo s3-lru w-tinylfu; do ./target/pcache-c/install_test $$p || exit 1; done
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -78,7 +78,8 @@ lint:
 bench: bench-insert bench-tps bench-log bench-pcache bench-fs bench-pipe bench-hostile
 
 bench-pcache: build
-	./target/release/tablix bench pcache --instructions $(BENCH_ARGS)
+	$(CARGO) build --locked --release -p tablix-pcache --target-dir target/pcache-c
+	./target/release/tablix bench pcache --instructions --pcache-lib $(PCACHE_LIB) $(BENCH_ARGS)
 
 bench-insert: build
 	./target/release/tablix bench insert $(BENCH_ARGS)

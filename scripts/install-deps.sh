@@ -11,7 +11,7 @@ set -euo pipefail
 # unprivileged mounts and mount.fuse3; util-linux's setpriv runs the POSIX
 # suite as another user; bonnie++ and postmark are the file-system
 # benchmarks).
-packages=(gcc libc6-dev make pkg-config procps bsdutils util-linux libsqlite3-dev valgrind python3 python3-venv fuse3 bonnie++ postmark tar findutils coreutils gzip bash)
+packages=(gcc libc6-dev make pkg-config procps bsdutils util-linux libsqlite3-dev valgrind curl python3 python3-venv fuse3 bonnie++ postmark tar findutils coreutils gzip bash)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -17,7 +17,8 @@ extern "C" {
 
 /*
  * Installs the page cache with eviction policy `policy`, one of the names
- * tablix_pcache_policies() lists ("lru", "lfu-hist", "s3-fifo").
+ * tablix_pcache_policies() lists ("lru", "lfu-hist", "s3-fifo", "s3-lru",
+ * "w-tinylfu").
  *
  * Returns SQLITE_OK (0); SQLITE_ERROR (1) if `policy` is NULL or unknown;
  * SQLITE_MISUSE (21) if SQLite is already initialised (call it earlier, or

@@ -15,9 +15,18 @@ const INITIAL_CAPACITY: usize = 100;
 /// Most page allocations a cache keeps spare.
 const SPARE_LIMIT: usize = 32;
 
+/// Bytes of a new page's extra that are zeroed: the pager's first pointer.
+const EXTRA_ZEROED: usize = 8;
+
 /// Bytes before the page buffer: the `sqlite3_pcache_page` handed to SQLite
 /// and the owning slot's index.
 const HEADER: usize = 32;
+
+/// Pinned pages of a `capacity`-page cache from which SQLite is asked to
+/// spill (createFlag 1 refused), as SQLite's own cache does.
+fn spill_at(capacity: usize) -> usize {
+    (capacity * 9 / 10).max(1)
+}
 
 /// The slot that owns `page`.
 ///
@@ -49,6 +58,9 @@ pub struct Cache<P: Evict> {
     extra_size: usize,
     purgeable: bool,
     capacity: usize,
+    /// Pinned pages from which `createFlag = 1` is refused: 90% of
+    /// `capacity`, at least 1.
+    spill_at: usize,
     layout: Layout,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -84,6 +96,7 @@ impl<P: Evict> Cache<P> {
             extra_size,
             purgeable,
             capacity: INITIAL_CAPACITY,
+            spill_at: spill_at(INITIAL_CAPACITY),
             layout,
             slots: Vec::new(),
             free: Vec::new(),
@@ -109,7 +122,9 @@ impl<P: Evict> Cache<P> {
     }
 
     fn page_ptr(&self, i: u32) -> *mut PcachePage {
-        self.slots[i as usize].mem.cast()
+        debug_assert!((i as usize) < self.slots.len());
+        // SAFETY: callers pass live slots (in bounds).
+        unsafe { self.slots.get_unchecked(i as usize) }.mem.cast()
     }
 
     /// Allocates a page for slot `i` (reusing a spare one when there is
@@ -135,16 +150,27 @@ impl<P: Evict> Cache<P> {
                 },
             );
             *(mem.add(std::mem::size_of::<PcachePage>()).cast::<u32>()) = i;
-            std::ptr::write_bytes(extra, 0, self.extra_size);
         }
+        self.zero_extra(mem);
         mem
     }
 
-    fn zero_extra(&self, i: u32) {
-        let mem = self.slots[i as usize].mem;
-        // SAFETY: a live slot's allocation has `extra_size` bytes after the
-        // buffer.
-        unsafe { std::ptr::write_bytes(mem.add(HEADER + self.page_size), 0, self.extra_size) };
+    /// Zeroes the start of a (re)created page's extra bytes: the pager
+    /// tells a new page by its header's first pointer being null and
+    /// initialises the rest itself (SQLite's pcache1 zeroes the same).
+    #[inline]
+    fn zero_extra(&self, mem: *mut u8) {
+        // SAFETY: the allocation has `extra_size` bytes after the buffer,
+        // which is 16-aligned and a multiple of 8 bytes long (SQLite's
+        // page sizes are powers of two of at least 512).
+        unsafe {
+            let extra = mem.add(HEADER + self.page_size);
+            if self.extra_size >= EXTRA_ZEROED && self.page_size.is_multiple_of(8) {
+                extra.cast::<u64>().write(0);
+            } else {
+                std::ptr::write_bytes(extra, 0, self.extra_size.min(EXTRA_ZEROED));
+            }
+        }
     }
 
     /// `xFetch`.
@@ -192,7 +218,7 @@ impl<P: Evict> Cache<P> {
         }
         // Like SQLite's own cache: with createFlag 1, refuse while most of
         // the budget is pinned, so that SQLite spills dirty pages first.
-        if create == 1 && self.purgeable && self.pinned >= (self.capacity * 9 / 10).max(1) {
+        if create == 1 && self.purgeable && self.pinned >= self.spill_at {
             return std::ptr::null_mut();
         }
         if !self.map.reserve_one(&mut self.slots) {
@@ -209,7 +235,8 @@ impl<P: Evict> Cache<P> {
             Some(v) => {
                 self.evictions += 1;
                 self.map.remove(&mut self.slots, v);
-                self.zero_extra(v);
+                let mem = crate::list::at(&mut self.slots, v).mem;
+                self.zero_extra(mem);
                 v
             }
             None => {
@@ -234,7 +261,9 @@ impl<P: Evict> Cache<P> {
             }
         };
         self.misses += 1;
-        let s = &mut self.slots[i as usize];
+        debug_assert!((i as usize) < self.slots.len());
+        // SAFETY: `i` is a victim the policy named or a slot just made.
+        let s = unsafe { self.slots.get_unchecked_mut(i as usize) };
         s.key = key;
         s.live = true;
         s.pinned = true;
@@ -261,11 +290,18 @@ impl<P: Evict> Cache<P> {
         }
         self.policy.unpin(&mut self.slots, i);
         if self.resident > self.capacity && self.purgeable {
-            self.trim();
-            self.publish();
+            self.over_budget();
         }
         #[cfg(debug_assertions)]
         self.check();
+    }
+
+    /// Pages were kept over budget while pinned: evict what is unpinned.
+    #[cold]
+    #[inline(never)]
+    fn over_budget(&mut self) {
+        self.trim();
+        self.publish();
     }
 
     #[cold]
@@ -311,6 +347,7 @@ impl<P: Evict> Cache<P> {
     /// `xCachesize`.
     pub fn set_capacity(&mut self, pages: usize) {
         self.capacity = pages.max(1);
+        self.spill_at = spill_at(self.capacity);
         self.policy.set_capacity(self.capacity);
         self.trim();
         self.publish();

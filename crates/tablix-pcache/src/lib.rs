@@ -5,7 +5,9 @@
 //! * [`Policy::Lru`]: least recently unpinned first, the reference;
 //! * [`Policy::LfuHist`]: the reference-history policy of Ma (2013), made
 //!   O(1) with per-count FIFO buckets;
-//! * [`Policy::S3Fifo`]: S3-FIFO, scan-resistant.
+//! * [`Policy::S3Fifo`]: S3-FIFO, scan-resistant;
+//! * [`Policy::S3Lru`]: S3-FIFO's admission in front of an LRU main area;
+//! * [`Policy::TinyLfu`]: W-TinyLFU, frequency-aware.
 //!
 //! Rust programs call [`install`] before opening their first connection; C
 //! programs link `libtablix_pcache.a` and call `tablix_pcache_install`

@@ -3,14 +3,16 @@
 //!
 //! Invariant (checked by `members` in debug builds after every cache
 //! operation): every index stored in a list (head, tail, prev, next) is
-//! NIL or less than the arena's length. The hot paths index without bounds
-//! checks on the strength of it.
+//! NIL or less than the arena's length, and every index a caller passes
+//! names a live slot (taken from the table, a list, or a page header the
+//! cache wrote). The hot paths index without bounds checks on the strength
+//! of it.
 
 use crate::slot::{NIL, Slot};
 
 /// `slots[i]` for an index the list invariant guarantees is in bounds.
 #[inline(always)]
-fn at(slots: &mut [Slot], i: u32) -> &mut Slot {
+pub(crate) fn at(slots: &mut [Slot], i: u32) -> &mut Slot {
     debug_assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
     // SAFETY: list indices are in bounds (module invariant).
     unsafe { slots.get_unchecked_mut(i as usize) }
@@ -45,7 +47,6 @@ impl List {
     /// Appends `i` (which must be in no list) at the tail.
     #[inline]
     pub fn push_back(&mut self, slots: &mut [Slot], i: u32) {
-        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
         let tail = self.tail;
         let s = at(slots, i);
         debug_assert!(!s.linked, "slot {i} already linked");
@@ -64,7 +65,6 @@ impl List {
     /// Puts `i` (which must be in no list) at the head.
     #[inline]
     pub fn push_front(&mut self, slots: &mut [Slot], i: u32) {
-        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
         let head = self.head;
         let s = at(slots, i);
         debug_assert!(!s.linked, "slot {i} already linked");
@@ -83,7 +83,6 @@ impl List {
     /// Removes `i`, which must be in this list.
     #[inline]
     pub fn unlink(&mut self, slots: &mut [Slot], i: u32) {
-        assert!((i as usize) < slots.len(), "slot index {i} out of bounds");
         let (prev, next) = {
             let s = at(slots, i);
             debug_assert!(s.linked, "slot {i} not linked");
@@ -101,6 +100,41 @@ impl List {
             at(slots, next).prev = prev;
         }
         self.len -= 1;
+    }
+
+    /// Moves the head to the tail (a FIFO's page going round again).
+    #[inline]
+    pub fn rotate(&mut self, slots: &mut [Slot]) {
+        let (h, t) = (self.head, self.tail);
+        if h == t {
+            return;
+        }
+        let next = at(slots, h).next;
+        at(slots, next).prev = NIL;
+        self.head = next;
+        let s = at(slots, h);
+        s.prev = t;
+        s.next = NIL;
+        at(slots, t).next = h;
+        self.tail = h;
+    }
+
+    /// Unlinks the head, which must exist, and returns it.
+    #[inline]
+    pub fn take_head(&mut self, slots: &mut [Slot]) -> u32 {
+        let h = self.head;
+        debug_assert!(h != NIL, "take_head of an empty list");
+        let s = at(slots, h);
+        let next = s.next;
+        s.linked = false;
+        self.head = next;
+        if next == NIL {
+            self.tail = NIL;
+        } else {
+            at(slots, next).prev = NIL;
+        }
+        self.len -= 1;
+        h
     }
 
     pub fn pop_front(&mut self, slots: &mut [Slot]) -> Option<u32> {

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use crate::cache::{Cache, slot_of};
 use crate::ffi::{self, PcacheMethods2, PcachePage, Sqlite3Pcache};
-use crate::policy::{Evict, LfuHist, Lru, Policy, S3Fifo, TinyLfu};
+use crate::policy::{Evict, LfuHist, Lru, Policy, S3Fifo, S3Lru, TinyLfu};
 
 /// What SQLite's `sqlite3_pcache*` points to.
 ///
@@ -32,6 +32,7 @@ pub fn methods(policy: Policy) -> PcacheMethods2 {
         Policy::Lru => table::<Lru>(),
         Policy::LfuHist => table::<LfuHist>(),
         Policy::S3Fifo => table::<S3Fifo>(),
+        Policy::S3Lru => table::<S3Lru>(),
         Policy::TinyLfu => table::<TinyLfu>(),
     }
 }

@@ -7,6 +7,7 @@
 //! chain is less than the arena's length (so lookups skip bounds checks;
 //! `entries` re-checks both in debug builds after every cache operation).
 
+use crate::list::at;
 use crate::slot::{NIL, Slot};
 
 pub struct Table {
@@ -37,8 +38,10 @@ impl Table {
 
     #[inline]
     pub fn get(&self, slots: &[Slot], key: u32) -> Option<u32> {
-        // `mask` is heads.len() - 1, so the bucket is in bounds.
-        let mut i = self.heads[bucket(key, self.mask)];
+        let b = bucket(key, self.mask);
+        debug_assert!(b < self.heads.len());
+        // SAFETY: `mask` is heads.len() - 1, so the bucket is in bounds.
+        let mut i = unsafe { *self.heads.get_unchecked(b) };
         while i != NIL {
             debug_assert!((i as usize) < slots.len());
             // SAFETY: chain indices are in bounds (module invariant).
@@ -51,11 +54,19 @@ impl Table {
         None
     }
 
-    /// Makes room for one more entry; false if memory is short.
+    /// Makes room for one more entry (always true: a table that cannot
+    /// grow still works, with longer chains).
+    #[inline]
     pub fn reserve_one(&mut self, slots: &mut [Slot]) -> bool {
         if self.len < self.heads.len() {
             return true;
         }
+        self.grow(slots)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, slots: &mut [Slot]) -> bool {
         let n = self.heads.len() * 2;
         let mut heads = Vec::new();
         if heads.try_reserve_exact(n).is_err() {
@@ -79,34 +90,46 @@ impl Table {
         true
     }
 
-    /// Adds slot `i` under its key, which must not be present.
+    /// `heads[b]` for a bucket of `bucket(_, self.mask)`.
+    #[inline(always)]
+    fn head(&mut self, b: usize) -> &mut u32 {
+        debug_assert!(b < self.heads.len());
+        // SAFETY: `mask` is heads.len() - 1, so the bucket is in bounds.
+        unsafe { self.heads.get_unchecked_mut(b) }
+    }
+
+    /// Adds slot `i` under its key, which must not be present. `i` names a
+    /// live slot (the list module's invariant, which indexes the same way).
     #[inline]
     pub fn insert(&mut self, slots: &mut [Slot], i: u32) {
-        let b = bucket(slots[i as usize].key, self.mask);
-        slots[i as usize].hnext = self.heads[b];
-        self.heads[b] = i;
+        let s = at(slots, i);
+        let b = bucket(s.key, self.mask);
+        let head = self.head(b);
+        s.hnext = *head;
+        *head = i;
         self.len += 1;
     }
 
     /// Removes slot `i` (found under its current key).
+    #[inline]
     pub fn remove(&mut self, slots: &mut [Slot], i: u32) {
-        let b = bucket(slots[i as usize].key, self.mask);
-        let mut at = self.heads[b];
+        let b = bucket(at(slots, i).key, self.mask);
+        let mut cur = *self.head(b);
         let mut prev = NIL;
-        while at != NIL {
-            if at == i {
-                let next = slots[i as usize].hnext;
+        while cur != NIL {
+            let next = at(slots, cur).hnext;
+            if cur == i {
                 if prev == NIL {
-                    self.heads[b] = next;
+                    *self.head(b) = next;
                 } else {
-                    slots[prev as usize].hnext = next;
+                    at(slots, prev).hnext = next;
                 }
-                slots[i as usize].hnext = NIL;
+                at(slots, i).hnext = NIL;
                 self.len -= 1;
                 return;
             }
-            prev = at;
-            at = slots[at as usize].hnext;
+            prev = cur;
+            cur = next;
         }
         debug_assert!(false, "slot {i} not in its chain");
     }

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use crate::cache::{Cache, slot_of};
 use crate::ffi::{PcacheMethods2, PcachePage, Sqlite3Pcache};
 use crate::methods::methods;
-use crate::policy::{Evict, LfuHist, Lru, Policy, S3Fifo, TinyLfu};
+use crate::policy::{Evict, LfuHist, Lru, Policy, S3Fifo, S3Lru, TinyLfu};
 
 const PAGE: i32 = 1024;
 const EXTRA: i32 = 48;
@@ -77,8 +77,8 @@ fn fetch_flags_pins_content_and_zeroed_extra() {
         let p = c.fetch(1, 1);
         assert!(!p.is_null());
         assert!(
-            extra(p).iter().all(|b| *b == 0),
-            "{policy}: extra not zeroed"
+            extra(p)[..8].iter().all(|b| *b == 0),
+            "{policy}: extra's first pointer not zeroed"
         );
         assert_eq!(unsafe { (*p).buf } as usize % 8, 0, "buffer alignment");
         buf(p)[0] = 0xAB;
@@ -133,7 +133,7 @@ fn recycled_pages_have_zeroed_extra_and_count_evictions() {
         for k in 1..=5 {
             let p = c.fetch(k, 1);
             assert!(!p.is_null());
-            assert!(extra(p).iter().all(|b| *b == 0), "{policy}: page {k}");
+            assert!(extra(p)[..8].iter().all(|b| *b == 0), "{policy}: page {k}");
             extra(p).fill(0xFF);
             c.unpin(p, false);
         }
@@ -283,6 +283,11 @@ fn s3_fifo_keeps_the_hot_set_through_a_scan() {
         10,
         "s3-fifo lost hot pages to a scan"
     );
+    assert_eq!(
+        hot_after_scan::<S3Lru>(),
+        10,
+        "s3-lru lost hot pages to a scan"
+    );
     // The last hot page touched is still in the one-page window when the
     // scan arrives, and may go; the other nine are in main.
     assert!(
@@ -332,6 +337,7 @@ proptest! {
             Policy::Lru => contract_model::<Lru>(purgeable, ops)?,
             Policy::LfuHist => contract_model::<LfuHist>(purgeable, ops)?,
             Policy::S3Fifo => contract_model::<S3Fifo>(purgeable, ops)?,
+            Policy::S3Lru => contract_model::<S3Lru>(purgeable, ops)?,
             Policy::TinyLfu => contract_model::<TinyLfu>(purgeable, ops)?,
         }
     }

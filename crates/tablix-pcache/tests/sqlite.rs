@@ -108,6 +108,9 @@ fn every_policy_runs_sqlite_correctly() {
         assert_eq!(ok, "ok");
     }
     let err = "arc".parse::<Policy>().unwrap_err();
-    assert!(err.contains("lru, lfu-hist, s3-fifo, w-tinylfu"), "{err}");
+    assert!(
+        err.contains("lru, lfu-hist, s3-fifo, s3-lru, w-tinylfu"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

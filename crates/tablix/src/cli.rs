@@ -505,6 +505,11 @@ pub enum Suite {
     Hits,
     /// Nanoseconds per fetch+unpin of a resident page, called directly.
     Ops,
+    /// SQLite's own test/speedtest1.c, built against the bundled SQLite and
+    /// the page cache as a C library: each test's instructions (callgrind)
+    /// and the misses, per policy, at SQLite's default cache size and at
+    /// 200 pages.
+    Speedtest1,
     All,
 }
 
@@ -536,6 +541,20 @@ pub struct PcacheBenchArgs {
     /// Lookups per hit-ratio measurement.
     #[arg(long, default_value_t = 100_000)]
     pub lookups: u64,
+    /// SQLite's test/speedtest1.c [default: fetched from SQLite's
+    /// repository at the bundled version's tag, once, into --dir]
+    #[arg(long, value_name = "FILE")]
+    pub speedtest1: Option<PathBuf>,
+    /// speedtest1's --size.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub speedtest1_size: u32,
+    /// The page cache as a static library, for speedtest1.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "target/pcache-c/release/libtablix_pcache.a"
+    )]
+    pub pcache_lib: PathBuf,
 }
 
 #[derive(Args, Debug)]

@@ -10,7 +10,7 @@ use crate::slot::Slot;
 
 pub use lfu_hist::LfuHist;
 pub use lru::Lru;
-pub use s3fifo::S3Fifo;
+pub use s3fifo::{S3Fifo, S3Lru};
 pub use tinylfu::TinyLfu;
 
 /// The policies a cache can run.
@@ -23,16 +23,20 @@ pub enum Policy {
     /// S3-FIFO: a small probationary FIFO, a main FIFO with reinsertion and
     /// a ghost queue; scan-resistant.
     S3Fifo,
+    /// S3-FIFO's probationary FIFO and ghost in front of an LRU main area:
+    /// scan-resistant, and eviction never goes round.
+    S3Lru,
     /// W-TinyLFU: an LRU window, a segmented LRU main area and admission by
     /// a frequency sketch; scan-resistant and frequency-aware.
     TinyLfu,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 5] = [
         Policy::Lru,
         Policy::LfuHist,
         Policy::S3Fifo,
+        Policy::S3Lru,
         Policy::TinyLfu,
     ];
 
@@ -41,6 +45,7 @@ impl Policy {
             Policy::Lru => "lru",
             Policy::LfuHist => "lfu-hist",
             Policy::S3Fifo => "s3-fifo",
+            Policy::S3Lru => "s3-lru",
             Policy::TinyLfu => "w-tinylfu",
         }
     }

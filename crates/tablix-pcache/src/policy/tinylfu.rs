@@ -3,7 +3,10 @@
 //! the rest probation). A page leaving the window enters main only if a
 //! count-min sketch of recent references says it is referenced more often
 //! than main's next victim; the sketch halves its counters every
-//! `10 x budget` references, so popularity ages. The window absorbs bursts;
+//! `10 x budget` references (a sweep of a few counters per reference), so
+//! popularity ages. Every operation is a bounded number of steps: moves
+//! between regions are at most two per call, and a budget lowered at once
+//! is caught up with over the following calls. The window absorbs bursts;
 //! admission keeps one-time pages (a scan) out of main.
 //!
 //! Lists hold unpinned pages only, in LRU order by unpin time; a pinned
@@ -39,7 +42,17 @@ struct Sketch {
     mask: usize,
     additions: usize,
     sample: usize,
+    /// Counters still to halve in the current aging sweep (from the end).
+    aging: usize,
 }
+
+/// Counters halved per reference while aging: the sketch has 16 counters
+/// per page of budget and ages every 10 references per page, so a sweep
+/// ends within a fifth of the sample.
+const AGE_STEP: usize = 8;
+
+/// Most pages `rebalance` and `drain_window` move per call.
+const MAX_MOVES: usize = 2;
 
 const SEEDS: [u32; 4] = [0x9E37_79B1, 0x85EB_CA77, 0xC2B2_AE3D, 0x27D4_EB2F];
 
@@ -59,6 +72,7 @@ impl Sketch {
         }
         rows.resize(width * 4, 0);
         self.rows = rows;
+        self.aging = 0;
         self.mask = width - 1;
         self.additions = 0;
         self.sample = 10 * capacity.max(16);
@@ -84,10 +98,18 @@ impl Sketch {
         }
         self.additions += 1;
         if self.additions >= self.sample {
-            for c in &mut self.rows {
+            // Age every counter: by a sweep spread over the next references
+            // (a few counters each), not all at once.
+            self.aging = self.rows.len();
+            self.additions /= 2;
+        }
+        if self.aging > 0 {
+            let step = AGE_STEP.min(self.aging);
+            let end = self.aging;
+            for c in &mut self.rows[end - step..end] {
                 *c >>= 1;
             }
-            self.additions /= 2;
+            self.aging -= step;
         }
     }
 
@@ -115,7 +137,12 @@ impl TinyLfu {
     fn rebalance(&mut self, slots: &mut [Slot], capacity: usize) {
         let main = capacity - Self::window_cap(capacity);
         let protected_cap = main * 4 / 5;
-        while self.counts[PROTECTED as usize] > protected_cap {
+        // At most MAX_MOVES demotions per call: a lowered budget is
+        // absorbed over the following evictions, each of bounded cost.
+        for _ in 0..MAX_MOVES {
+            if self.counts[PROTECTED as usize] <= protected_cap {
+                break;
+            }
             let Some(p) = self.lists[PROTECTED as usize].pop_front(slots) else {
                 break;
             };
@@ -133,9 +160,12 @@ impl TinyLfu {
     fn drain_window(&mut self, slots: &mut [Slot]) {
         let window_cap = Self::window_cap(self.capacity);
         let main_cap = self.capacity - window_cap;
-        while self.counts[WINDOW as usize] > window_cap
-            && self.counts[PROBATION as usize] + self.counts[PROTECTED as usize] < main_cap
-        {
+        for _ in 0..MAX_MOVES {
+            if self.counts[WINDOW as usize] <= window_cap
+                || self.counts[PROBATION as usize] + self.counts[PROTECTED as usize] >= main_cap
+            {
+                break;
+            }
             let Some(p) = self.lists[WINDOW as usize].pop_front(slots) else {
                 break;
             };

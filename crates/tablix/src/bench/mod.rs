@@ -13,6 +13,7 @@ mod pcache;
 mod pipe;
 mod raft;
 mod speed;
+mod speedtest1;
 mod tps;
 mod transport;
 mod workloads;

@@ -8,10 +8,17 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, bail};
 use serde_json::json;
 
-use super::{hits, median, speed};
+use super::{hits, median, speed, speedtest1};
 use crate::cli::{PcacheBenchArgs, PcacheChoice, PcacheWorkerArgs, Suite, parse_pcache};
 
-const CONFIGS: &[&str] = &["sqlite", "lru", "lfu-hist", "s3-fifo", "w-tinylfu"];
+const CONFIGS: &[&str] = &[
+    "sqlite",
+    "lru",
+    "lfu-hist",
+    "s3-fifo",
+    "s3-lru",
+    "w-tinylfu",
+];
 
 /// Runs one configuration of one suite in a child process and parses its
 /// JSON answer. `extra` holds further `--name value` pairs.
@@ -68,7 +75,7 @@ pub fn worker(a: PcacheWorkerArgs) -> anyhow::Result<ExitCode> {
             json!({ "hits": c.hits, "misses": c.misses, "scan_hits": c.scan_hits, "scan_misses": c.scan_misses })
         }
         Suite::Ops => json!({ "ns": ops(a.pcache)? }),
-        Suite::All => bail!("a worker runs one suite"),
+        Suite::Speedtest1 | Suite::All => bail!("a worker runs one of speed, hits and ops"),
     };
     println!("{answer}");
     Ok(ExitCode::SUCCESS)
@@ -92,6 +99,14 @@ pub fn run(a: PcacheBenchArgs) -> anyhow::Result<ExitCode> {
     }
     if matches!(a.suite, Suite::Hits | Suite::All) {
         hit_suite(&dir, &a)?;
+    }
+    if matches!(a.suite, Suite::Speedtest1 | Suite::All) {
+        speedtest1::suite(&speedtest1::Options {
+            dir: &dir,
+            source: a.speedtest1.as_deref(),
+            library: &a.pcache_lib,
+            size: a.speedtest1_size,
+        })?;
     }
     Ok(ExitCode::SUCCESS)
 }
