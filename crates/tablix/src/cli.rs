@@ -208,7 +208,7 @@ pub struct UpArgs {
     /// Read-only connections serving queries.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub readers: u64,
-    /// Page-cache policy: lru, lfu-hist, s3-fifo, w-tinylfu, or sqlite for SQLite's own cache.
+    /// Page-cache policy: lru, lfu-hist, s3-fifo, s3-lru, w-tinylfu, or sqlite for SQLite's own cache.
     #[arg(long, value_name = "POLICY", default_value = tablix_pcache::DEFAULT_POLICY.name(), value_parser = parse_pcache)]
     pub pcache: PcacheChoice,
     /// Let every user use the mount (the kernel still enforces the mode

@@ -723,10 +723,10 @@ fn the_page_cache_policy_is_chosen_at_start_and_visible_in_sql() {
     let err = text(&o).1;
     assert!(
         err.contains("unknown page-cache policy \"arc\"")
-            && err.contains("lru, lfu-hist, s3-fifo, w-tinylfu, sqlite"),
+            && err.contains("lru, lfu-hist, s3-fifo, s3-lru, w-tinylfu, sqlite"),
         "{err}"
     );
-    for policy in ["lru", "lfu-hist", "s3-fifo"] {
+    for policy in ["lru", "lfu-hist", "s3-fifo", "s3-lru"] {
         let dir = tempfile::tempdir().unwrap();
         let d = Daemon::start(dir.path(), &["--pcache", policy]);
         d.post(
