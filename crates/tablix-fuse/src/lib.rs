@@ -7,7 +7,10 @@
 //!   mode), clearing a stale mount left by a crashed run, and unmounting;
 //! * [`errno`]: the one mapping from store failures to an errno;
 //! * `invalidate`: on a cluster node, FUSE invalidation notices for the
-//!   changes replication applies that this kernel did not see.
+//!   changes replication applies that this kernel did not see;
+//! * `pipes` and `holders`: the database pipes under `.tablix/pipes`, and
+//!   which processes hold their ends ([`PipeHolders`]), kept true to /proc
+//!   from each close (FLUSH) and fork.
 //!
 //! Architecture invariant: no handler changes state except by submitting a
 //! an `FsOp` Command to the store, and every handler sends exactly one reply.
