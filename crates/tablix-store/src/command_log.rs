@@ -293,6 +293,31 @@ impl CommandLog {
         self.append(CommandRef::Tx(&c.command), c.stamp)
     }
 
+    /// Appends `items` with `append` and syncs them, running the probe
+    /// after appending; returns the index of the first. On failure what was
+    /// appended is taken back (see [`Self::unlog_or_stop`]).
+    pub(crate) fn append_synced<T>(
+        &mut self,
+        items: &[T],
+        append: impl Fn(&mut Self, &T) -> Result<LogId, StoreError>,
+    ) -> Result<u64, StoreError> {
+        let first = self.next_index();
+        let logged = (|| {
+            for item in items {
+                append(self, item)?;
+            }
+            self.at(WritePoint::Appended);
+            self.sync()
+        })();
+        match logged {
+            Ok(()) => Ok(first),
+            Err(e) => {
+                self.unlog_or_stop(first, &e);
+                Err(e)
+            }
+        }
+    }
+
     /// Makes every appended entry durable.
     pub(crate) fn sync(&mut self) -> Result<(), StoreError> {
         match &mut self.log {

@@ -233,14 +233,7 @@ impl UserConn {
         }
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         if role == Role::Writer {
-            // Durability comes from the command log (see `fs_writer.rs`).
-            conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
-            conn.pragma_update(
-                None,
-                "wal_autocheckpoint",
-                crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
-            )?;
+            writer_pragmas(&conn, config)?;
         }
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
@@ -484,6 +477,19 @@ fn next_random(state: &AtomicU64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The pragmas of a connection that writes the user database: durability
+/// comes from the command log (see `fs_writer.rs`), and the WAL is bounded
+/// as the file system's is.
+pub(crate) fn writer_pragmas(conn: &Connection, config: &StoreConfig) -> rusqlite::Result<()> {
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
+    conn.pragma_update(
+        None,
+        "wal_autocheckpoint",
+        crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
+    )
 }
 
 #[cfg(test)]

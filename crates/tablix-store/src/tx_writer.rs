@@ -90,14 +90,7 @@ impl TxWriter {
             None => Connection::open_with_flags(&path, flags)?,
         };
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        // Durability is the command log's (see `fs_writer.rs`).
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "journal_size_limit", config.wal_limit as i64)?;
-        conn.pragma_update(
-            None,
-            "wal_autocheckpoint",
-            crate::fs_writer::sql_autocheckpoint_pages(config.wal_limit),
-        )?;
+        crate::sandbox::writer_pragmas(&conn, config)?;
         conn.pragma_update(None, "foreign_keys", true)?;
         // A commit's savepoint journals every page it changes: at most
         // --tx-max-bytes, kept in memory rather than spilled to a

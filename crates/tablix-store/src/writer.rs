@@ -268,18 +268,7 @@ impl Writer {
             log.running()?;
             let items: Vec<&Stamped<tablix_fs::FsOp>> =
                 group.iter().map(|(c, _)| c.as_ref()).collect();
-            let first = log.next_index();
-            let logged = (|| {
-                for item in &items {
-                    log.append_fs(item)?;
-                }
-                log.at(WritePoint::Appended);
-                log.sync()
-            })();
-            if let Err(e) = logged {
-                log.unlog_or_stop(first, &e);
-                return Err(e);
-            }
+            let first = log.append_synced(&items, |log, item| log.append_fs(item))?;
             log.at(WritePoint::Synced);
             let r = fs.apply_group(
                 &items,
@@ -309,18 +298,7 @@ impl Writer {
             log.running()?;
             let items: Vec<&Stamped<crate::command::TxCommit>> =
                 group.iter().map(|(c, _)| c.as_ref()).collect();
-            let first = log.next_index();
-            let logged = (|| {
-                for item in &items {
-                    log.append_tx(item)?;
-                }
-                log.at(WritePoint::Appended);
-                log.sync()
-            })();
-            if let Err(e) = logged {
-                log.unlog_or_stop(first, &e);
-                return Err(e);
-            }
+            let first = log.append_synced(&items, |log, item| log.append_tx(item))?;
             log.at(WritePoint::Synced);
             let r = self.tx.apply_group(
                 &items,

@@ -384,27 +384,12 @@ fn over_http(
         move |_, stop, tally| {
             let agent = ureq::Agent::new_with_defaults();
             let sql = replace_sql(rows);
-            let batch = ["BEGIN", &sql, &sql, &sql, &sql, &sql];
             while !stop.load(Ordering::Relaxed) {
-                let r = (|| {
-                    let id = match shape {
-                        Requests::PerStatement => {
-                            let id = tx_of(&post(&agent, &u1, &["BEGIN"])?)?;
-                            for _ in 0..5 {
-                                post(&agent, &format!("{u1}?tx={id}"), &[&sql])?;
-                            }
-                            id
-                        }
-                        Requests::Two => tx_of(&post(&agent, &u1, &batch)?)?,
-                    };
-                    let done = post(&agent, &format!("{u1}?tx={id}"), &["COMMIT"])?;
-                    Ok::<_, anyhow::Error>(done["results"][0]["committed"] == true)
-                })();
-                match r {
-                    Ok(true) => {
+                match http_transaction(&agent, &u1, shape, "BEGIN", &sql) {
+                    Ok(done) if done["results"][0]["committed"] == true => {
                         tally.rw.fetch_add(1, Ordering::Relaxed);
                     }
-                    Ok(false) => {
+                    Ok(_) => {
                         tally.conflicts.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => tally.fail(e.to_string()),
@@ -414,24 +399,9 @@ fn over_http(
         move |_, stop, tally| {
             let agent = ureq::Agent::new_with_defaults();
             let sql = range_sql(rows);
-            let batch = ["BEGIN READONLY", &sql, &sql, &sql, &sql, &sql];
             while !stop.load(Ordering::Relaxed) {
-                let r = (|| {
-                    let id = match shape {
-                        Requests::PerStatement => {
-                            let id = tx_of(&post(&agent, &url, &["BEGIN READONLY"])?)?;
-                            for _ in 0..5 {
-                                post(&agent, &format!("{url}?tx={id}"), &[&sql])?;
-                            }
-                            id
-                        }
-                        Requests::Two => tx_of(&post(&agent, &url, &batch)?)?,
-                    };
-                    post(&agent, &format!("{url}?tx={id}"), &["COMMIT"])?;
-                    Ok::<_, anyhow::Error>(())
-                })();
-                match r {
-                    Ok(()) => {
+                match http_transaction(&agent, &url, shape, "BEGIN READONLY", &sql) {
+                    Ok(_) => {
                         tally.ro.fetch_add(1, Ordering::Relaxed);
                     }
                     Err(e) => tally.fail(e.to_string()),
@@ -439,6 +409,28 @@ fn over_http(
             }
         },
     )
+}
+
+/// One transaction over HTTP: `begin`, `sql` five times, COMMIT, in
+/// requests as `shape` says. Returns the COMMIT's answer.
+fn http_transaction(
+    agent: &ureq::Agent,
+    url: &str,
+    shape: Requests,
+    begin: &str,
+    sql: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let id = match shape {
+        Requests::PerStatement => {
+            let id = tx_of(&post(agent, url, &[begin])?)?;
+            for _ in 0..5 {
+                post(agent, &format!("{url}?tx={id}"), &[sql])?;
+            }
+            id
+        }
+        Requests::Two => tx_of(&post(agent, url, &[begin, sql, sql, sql, sql, sql])?)?,
+    };
+    post(agent, &format!("{url}?tx={id}"), &["COMMIT"])
 }
 
 /// Creates the seed's table with `rows` rows through a daemon's API.

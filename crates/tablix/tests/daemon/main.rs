@@ -794,18 +794,7 @@ fn ctrl_c_in_the_shell_stops_the_statement_on_the_daemon_and_returns_to_the_prom
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let d = Daemon::start(&data, &[]);
-    let mut child = Command::new("script")
-        .args([
-            "-qec",
-            &format!("{BIN} sql --data {}", data.display()),
-            "/dev/null",
-        ])
-        .env("HOME", dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from bsdutils is needed for the terminal test");
+    let mut child = in_terminal(&format!("{BIN} sql --data {}", data.display()), dir.path());
     let mut stdin = child.stdin.take().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     writeln!(
@@ -848,15 +837,7 @@ fn ctrl_c_in_the_shell_stops_the_statement_on_the_daemon_and_returns_to_the_prom
 fn the_interactive_shell_edits_continues_and_keeps_history() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(&dir.path().join("data"), &[]);
-    // `script` gives the shell a real terminal, so it runs its line editor.
-    let mut child = Command::new("script")
-        .args(["-qec", &format!("{BIN} sql --addr {}", d.addr), "/dev/null"])
-        .env("HOME", dir.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script(1) from bsdutils is needed for the terminal test");
+    let mut child = in_terminal(&format!("{BIN} sql --addr {}", d.addr), dir.path());
     let mut stdin = child.stdin.take().unwrap();
     std::thread::sleep(Duration::from_millis(500));
     for line in [
@@ -1167,6 +1148,19 @@ fn rows(d: &Daemon, q: &str) -> Vec<Vec<serde_json::Value>> {
 }
 
 /// Polls `q` until its first value satisfies `ok`, for up to 10 s.
+/// Runs `command` on a terminal of its own (script(1)), so that the shell
+/// runs its line editor, with `home` as HOME; its three streams are piped.
+fn in_terminal(command: &str, home: &Path) -> Child {
+    Command::new("script")
+        .args(["-qec", command, "/dev/null"])
+        .env("HOME", home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script(1) from bsdutils is needed for the terminal test")
+}
+
 fn wait_rows(
     d: &Daemon,
     q: &str,
