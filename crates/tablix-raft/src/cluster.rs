@@ -1217,7 +1217,12 @@ impl ClusterNode {
         let deadline = Instant::now() + wait;
         loop {
             // The member's cluster first: a data directory of another
-            // cluster is never joined, and a new node takes its id.
+            // cluster is never joined. The id itself is taken only from
+            // the leader's welcome, once the leader has forgotten any
+            // earlier incarnation of this node: a node that held the id
+            // before that would answer the leader's replication of the
+            // log it once acknowledged, and an empty log must never
+            // answer for entries a lost disk held.
             let theirs = match self.shared.transport.status(peer, MEMBERSHIP_WAIT).await {
                 Ok(status) => status.cluster_id,
                 Err(TransportError::Unreachable { .. }) if Instant::now() < deadline => {
@@ -1226,8 +1231,10 @@ impl ClusterNode {
                 }
                 Err(e) => return Err(e.into()),
             };
-            if let Some(theirs) = theirs {
-                self.shared.identity.adopt(&theirs)?;
+            if let (Some(ours), Some(theirs)) = (self.shared.identity.get(), theirs)
+                && !ours.eq_ignore_ascii_case(&theirs)
+            {
+                return Err(IdentityError::Other { ours, theirs }.into());
             }
             let answer = self
                 .shared

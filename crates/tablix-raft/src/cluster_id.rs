@@ -4,10 +4,10 @@
 //! another cluster, and a data directory of one cluster is never joined
 //! to another.
 //!
-//! A node that has no id yet (a new node, or a data directory from before
-//! ids) takes the first one it is told: by the member it joins through,
-//! or by the first node-to-node request it receives. From then on the id
-//! never changes.
+//! A node that has no id yet takes it from the leader that adds it (a
+//! data directory from before ids, whose log holds entries, takes the
+//! first one a node-to-node request names). From then on the id never
+//! changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
