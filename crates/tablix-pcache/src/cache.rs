@@ -15,6 +15,11 @@ const INITIAL_CAPACITY: usize = 100;
 /// Most page allocations a cache keeps spare.
 const SPARE_LIMIT: usize = 32;
 
+/// A miss publishes the statistics once per this many misses (SQLite's
+/// own cache counts nothing; publishing on every miss cost about a tenth of
+/// the miss path).
+const MISSES_PER_PUBLISH: u64 = 64;
+
 /// Bytes of a new page's extra that are zeroed: the pager's first pointer.
 const EXTRA_ZEROED: usize = 8;
 
@@ -23,9 +28,20 @@ const EXTRA_ZEROED: usize = 8;
 const HEADER: usize = 32;
 
 /// Pinned pages of a `capacity`-page cache from which SQLite is asked to
-/// spill (createFlag 1 refused), as SQLite's own cache does.
-fn spill_at(capacity: usize) -> usize {
-    (capacity * 9 / 10).max(1)
+/// spill (createFlag 1 refused), as SQLite's own cache does; never for a
+/// cache that is not purgeable.
+fn spill_at(capacity: usize, purgeable: bool) -> usize {
+    if purgeable {
+        (capacity * 9 / 10).max(1)
+    } else {
+        usize::MAX
+    }
+}
+
+/// Resident pages from which a cache evicts: its capacity, or never for a
+/// cache that is not purgeable.
+fn evict_at(capacity: usize, purgeable: bool) -> usize {
+    if purgeable { capacity } else { usize::MAX }
 }
 
 /// The slot that owns `page`.
@@ -59,8 +75,14 @@ pub struct Cache<P: Evict> {
     purgeable: bool,
     capacity: usize,
     /// Pinned pages from which `createFlag = 1` is refused: 90% of
-    /// `capacity`, at least 1.
+    /// `capacity`, at least 1 (`usize::MAX` unless purgeable).
     spill_at: usize,
+    /// `capacity`, or `usize::MAX` unless purgeable: the fast paths
+    /// compare with it alone.
+    evict_at: usize,
+    /// Whether a new page's extra starts with a whole word to zero (it
+    /// does for every page size and extra SQLite uses).
+    extra_word: bool,
     layout: Layout,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -96,7 +118,9 @@ impl<P: Evict> Cache<P> {
             extra_size,
             purgeable,
             capacity: INITIAL_CAPACITY,
-            spill_at: spill_at(INITIAL_CAPACITY),
+            spill_at: spill_at(INITIAL_CAPACITY, purgeable),
+            evict_at: evict_at(INITIAL_CAPACITY, purgeable),
+            extra_word: extra_size >= EXTRA_ZEROED && page_size.is_multiple_of(8),
             layout,
             slots: Vec::new(),
             free: Vec::new(),
@@ -165,7 +189,7 @@ impl<P: Evict> Cache<P> {
         // page sizes are powers of two of at least 512).
         unsafe {
             let extra = mem.add(HEADER + self.page_size);
-            if self.extra_size >= EXTRA_ZEROED && self.page_size.is_multiple_of(8) {
+            if self.extra_word {
                 extra.cast::<u64>().write(0);
             } else {
                 std::ptr::write_bytes(extra, 0, self.extra_size.min(EXTRA_ZEROED));
@@ -208,7 +232,11 @@ impl<P: Evict> Cache<P> {
     #[inline(never)]
     fn fetch_absent(&mut self, key: u32, create: i32) -> *mut PcachePage {
         let out = self.create(key, create);
-        self.publish();
+        if self.misses.is_multiple_of(MISSES_PER_PUBLISH) {
+            self.publish();
+        }
+        #[cfg(debug_assertions)]
+        self.check();
         out
     }
 
@@ -218,14 +246,14 @@ impl<P: Evict> Cache<P> {
         }
         // Like SQLite's own cache: with createFlag 1, refuse while most of
         // the budget is pinned, so that SQLite spills dirty pages first.
-        if create == 1 && self.purgeable && self.pinned >= self.spill_at {
+        if create == 1 && self.pinned >= self.spill_at {
             return std::ptr::null_mut();
         }
         if !self.map.reserve_one(&mut self.slots) {
             return std::ptr::null_mut();
         }
         let mut recycled = None;
-        if self.purgeable && self.resident >= self.capacity {
+        if self.resident >= self.evict_at {
             recycled = self.policy.victim(&mut self.slots, self.capacity);
             if recycled.is_none() && create == 1 {
                 return std::ptr::null_mut();
@@ -289,7 +317,7 @@ impl<P: Evict> Cache<P> {
             self.pinned -= 1;
         }
         self.policy.unpin(&mut self.slots, i);
-        if self.resident > self.capacity && self.purgeable {
+        if self.resident > self.evict_at {
             self.over_budget();
         }
         #[cfg(debug_assertions)]
@@ -332,6 +360,8 @@ impl<P: Evict> Cache<P> {
     /// pinned or not.
     pub fn truncate(&mut self, limit: u32) {
         if self.resident == 0 || limit > self.max_key {
+            // The end of a transaction: the statistics catch up.
+            self.publish();
             return;
         }
         let doomed: Vec<u32> = (0..self.slots.len() as u32)
@@ -347,7 +377,8 @@ impl<P: Evict> Cache<P> {
     /// `xCachesize`.
     pub fn set_capacity(&mut self, pages: usize) {
         self.capacity = pages.max(1);
-        self.spill_at = spill_at(self.capacity);
+        self.spill_at = spill_at(self.capacity, self.purgeable);
+        self.evict_at = evict_at(self.capacity, self.purgeable);
         self.policy.set_capacity(self.capacity);
         self.trim();
         self.publish();
@@ -370,7 +401,7 @@ impl<P: Evict> Cache<P> {
 
     /// Evicts unpinned pages while a purgeable cache is over budget.
     fn trim(&mut self) {
-        while self.purgeable && self.resident > self.capacity {
+        while self.resident > self.evict_at {
             match self.policy.victim(&mut self.slots, self.capacity) {
                 Some(v) => {
                     self.evictions += 1;
@@ -420,9 +451,11 @@ impl<P: Evict> Cache<P> {
         }
     }
 
-    /// Publishes the counters to readers of statistics. Slow paths publish
-    /// at once; the hit path every 1024 hits, so hits and the pinned gauge
-    /// may trail by that much.
+    /// Publishes the counters to readers of statistics. Rare calls publish
+    /// at once, and so does `truncate`, which SQLite calls at the end of
+    /// every transaction; hits every 1024th hit and misses every
+    /// `MISSES_PER_PUBLISH`th miss, so within a transaction the counters
+    /// and gauges may trail by that much.
     fn publish(&self) {
         self.stats.publish(&self.counters());
         #[cfg(debug_assertions)]
@@ -465,6 +498,8 @@ impl<P: Evict> Cache<P> {
                 s.key
             );
         }
+        assert_eq!(self.evict_at, evict_at(self.capacity, self.purgeable));
+        assert_eq!(self.spill_at, spill_at(self.capacity, self.purgeable));
         if self.purgeable && self.resident > self.capacity {
             assert!(
                 self.resident - self.capacity <= self.pinned,

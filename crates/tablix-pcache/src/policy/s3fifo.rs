@@ -6,9 +6,11 @@
 //! since their last pass (freq > 0) another round with freq - 1. One-time
 //! pages of a scan never reach main, so a scan cannot flush the hot set.
 //!
-//! A pinned page that reaches a FIFO's head is parked: taken out of the
-//! FIFO until its last pin goes, then put back at the tail, where rotating
-//! past it would have put it. A large write transaction keeps its dirty
+//! A page enters its FIFO at its first unpin: a new page is pinned, and
+//! is parked (counted in its FIFO, linked nowhere) until then. A pinned
+//! page that reaches a FIFO's head (pinned again by a hit) is parked too:
+//! taken out of the FIFO until its last pin goes, then put back at the
+//! tail, where rotating past it would have put it. A large write transaction keeps its dirty
 //! pages pinned (SQLite unpins a page only once it is clean), so without
 //! parking every allocation would walk past the same thousands of pinned
 //! pages again; with it each pinned page is passed once per pinning.
@@ -180,9 +182,13 @@ impl<const LRU_MAIN: bool> Evict for S3<LRU_MAIN> {
         let s = at(slots, i);
         s.freq = 0;
         s.queue = tag;
-        // An LRU main links its pages when they are unpinned.
+        // A new page is pinned: it joins its FIFO's tail at its first
+        // unpin, parked until then (an LRU main does not count its
+        // pinned pages). Linked at once, it would reach the head still
+        // pinned whenever it is pinned long (a write transaction's dirty
+        // pages), and be parked there, passed twice per eviction.
         if !(LRU_MAIN && tag == MAIN) {
-            self.list(tag).push_back(slots, i);
+            self.parked[q(tag)] += 1;
         }
     }
 
