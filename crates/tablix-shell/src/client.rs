@@ -264,12 +264,30 @@ impl Client {
                     }
                 }
             }),
+            Transport::Tcp { .. } if self.addr().starts_with("http://") => {
+                // Over a connection of its own, closed at a Ctrl-C: the
+                // daemon sees its client go and stops the statement.
+                let at = self.addr();
+                let host_port = at.trim_start_matches("http://").to_string();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| ClientError::Setup(format!("starting a request: {e}")))?;
+                runtime.block_on(async {
+                    tokio::select! {
+                        r = self.over_tcp(&host_port, method, path, body) => r,
+                        () = raised(&flag) => {
+                            flag.store(false, Ordering::SeqCst);
+                            Err(ClientError::Interrupted)
+                        }
+                    }
+                })
+            }
             Transport::Tcp { agent, .. } => {
-                // The request runs on a thread of its own, so that a
-                // Ctrl-C returns to the prompt at once; its connection
+                // HTTPS: the request runs on a thread of its own, so that
+                // a Ctrl-C returns to the prompt at once; its connection
                 // closes when the daemon answers (its statement runs on
-                // until its time limit: over TCP nothing closes it
-                // earlier).
+                // until its time limit: nothing closes it earlier).
                 let (tx, rx) = std::sync::mpsc::channel();
                 let agent = agent.clone();
                 let url = format!("{}{path}", self.addr());
@@ -376,10 +394,46 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        use http_body_util::BodyExt;
         let stream = tokio::net::UnixStream::connect(socket)
             .await
             .map_err(|e| self.unreachable(e))?;
+        self.over_stream(stream, "localhost", method, path, body)
+            .await
+    }
+
+    /// One request over a new plain TCP connection to `host_port`, which
+    /// closes when the future is dropped.
+    async fn over_tcp(
+        &self,
+        host_port: &str,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        let connect = tokio::net::TcpStream::connect(host_port);
+        let stream = match tokio::time::timeout(Duration::from_secs(3), connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(self.unreachable(e)),
+            Err(_) => return Err(self.unreachable("connecting timed out after 3 s")),
+        };
+        let _ = stream.set_nodelay(true);
+        self.over_stream(stream, host_port, method, path, body)
+            .await
+    }
+
+    /// One HTTP/1 request on `stream`.
+    async fn over_stream<S>(
+        &self,
+        stream: S,
+        host: &str,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        use http_body_util::BodyExt;
         let (mut sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
@@ -388,7 +442,7 @@ impl Client {
         let mut builder = hyper::Request::builder()
             .method(method)
             .uri(path)
-            .header("Host", "localhost");
+            .header("Host", host);
         if let Some(a) = &self.authorization {
             builder = builder.header("Authorization", a.as_str());
         }

@@ -794,42 +794,57 @@ fn ctrl_c_in_the_shell_stops_the_statement_on_the_daemon_and_returns_to_the_prom
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let d = Daemon::start(&data, &[]);
-    let mut child = in_terminal(&format!("{BIN} sql --data {}", data.display()), dir.path());
-    let mut stdin = child.stdin.take().unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    writeln!(
-        stdin,
-        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n;"
-    )
-    .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    // The terminal's interrupt character: SIGINT to the shell.
-    stdin.write_all(b"\x03").unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    for line in ["SELECT 6 + 1;", ".quit"] {
-        writeln!(stdin, "{line}").unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    let screen = screen(&out.stdout);
-    assert!(screen.contains("Interrupted"), "{screen}");
-    assert!(
-        screen.contains("| 6 + 1 |") && screen.contains("     7 |"),
-        "the shell did not go on: {screen}"
-    );
-    // The daemon stopped the statement when its client went.
-    let status: serde_json::Value = http()
-        .get(format!("http://{}/status", d.addr))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_json()
+    let cancelled = || -> u64 {
+        let status: serde_json::Value = http()
+            .get(format!("http://{}/status", d.addr))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap();
+        status["store"]["stats"]["statements_cancelled"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no statements_cancelled in {status}"))
+    };
+    // Over the Unix socket (--data) and over TCP (--addr).
+    for how in [
+        format!("--data {}", data.display()),
+        format!("--addr {}", d.addr),
+    ] {
+        let before = cancelled();
+        let mut child = in_terminal(&format!("{BIN} sql {how}"), dir.path());
+        let mut stdin = child.stdin.take().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        writeln!(
+            stdin,
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n;"
+        )
         .unwrap();
-    assert!(
-        status["store"]["stats"]["statements_cancelled"].as_u64() >= Some(1),
-        "{status}"
-    );
+        std::thread::sleep(Duration::from_millis(1500));
+        // The terminal's interrupt character: SIGINT to the shell.
+        stdin.write_all(b"\x03").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        writeln!(stdin, "SELECT 6 + 1;").unwrap();
+        // The daemon stops the statement while the shell goes on (it
+        // checks for departed clients every 200 ms), long before the
+        // statement's 30 s time limit and before the shell exits (which
+        // would close any connection it kept).
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        while cancelled() <= before && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let stopped = cancelled() > before;
+        writeln!(stdin, ".quit").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let screen = screen(&out.stdout);
+        assert!(screen.contains("Interrupted"), "{how}: {screen}");
+        assert!(
+            screen.contains("| 6 + 1 |") && screen.contains("     7 |"),
+            "{how}: the shell did not go on: {screen}"
+        );
+        assert!(stopped, "{how}: the statement was not stopped");
+    }
     d.stop();
 }
 
