@@ -13,7 +13,7 @@
 //! Every request is attributed to a caller (`identity.rs`): a Unix user by
 //! the peer credentials of the Unix socket or by the owner of a loopback
 //! client's socket, or an API user. Writes become
-//! [`tablix_store::Command`]s stamped here with the time and a random
+//! [`tablix_store::ReplicatedCommand`]s stamped here with the time and a random
 //! seed; reads run on the store's readers and stream their results.
 
 mod auth;

@@ -1,6 +1,6 @@
 //! The tablix file system served to the kernel through FUSE.
 //!
-//! * [`fs`]: the request handlers, thin wrappers that read through the
+//! * `fs`: the request handlers, thin wrappers that read through the
 //!   store's reader pool and change state only by `FsOp` Commands;
 //! * [`mount`]: mounting with the options tablix needs (multi-threaded,
 //!   large writes, readdirplus, kernel caching, writeback cache in async

@@ -408,7 +408,7 @@ fn connect_reason(e: &hyper_util::client::legacy::Error) -> String {
     cause.to_string()
 }
 
-/// Openraft's network: a [`Peer`] per target node, at the address its
+/// Openraft's network: a `Peer` per target node, at the address its
 /// membership records.
 #[derive(Clone, Default)]
 pub struct Network {

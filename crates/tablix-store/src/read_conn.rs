@@ -12,7 +12,7 @@ use crate::error::StoreError;
 /// The readers of both databases are opened read-only and `query_only`:
 /// a write on them fails with SQLITE_READONLY. Async mode's reads of the
 /// file system's pending writes borrow the writer's connection
-/// ([`ReadConn::on_writer`]), where a write is detected, not prevented:
+/// (`ReadConn::on_writer`), where a write is detected, not prevented:
 /// `Store::read_latest` fails if the read changed a row. (Both ways of
 /// preventing it cost too much per read, measured with `tablix bench fs
 /// --workloads meta --modes async`: `PRAGMA query_only` expires every

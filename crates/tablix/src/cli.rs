@@ -416,7 +416,7 @@ pub enum ClusterAction {
 
 #[derive(Args, Debug)]
 pub struct SqlArgs {
-    /// Daemon to talk to over TCP: HOST[:PORT] or http(s)://HOST[:PORT]
+    /// Daemon to talk to over TCP: `HOST[:PORT]` or `http(s)://HOST[:PORT]`
     /// [default: the Unix socket of --data's daemon]
     #[arg(long, value_name = "HOST:PORT")]
     pub addr: Option<String>,
