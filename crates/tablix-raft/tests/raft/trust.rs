@@ -183,6 +183,30 @@ impl Authority {
 }
 
 #[test]
+fn a_joining_node_takes_the_cluster_id_only_when_the_leader_adds_it() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let a = started(1, dirs[0].path(), Start::Bootstrap, None).await;
+        eventually("node 1 leads", || a.0.status().leader == Some(1)).await;
+        // A node that says it is node 1, from another address: the leader
+        // refuses to add it. It learned the cluster's id while asking, but
+        // must not hold it: with the id, the leader's replication to the
+        // member it claims to be would reach its empty log.
+        let refused = start(1, dirs[1].path(), Start::Join(a.0.addr().to_string()), None).await;
+        let Err((e, store)) = refused else {
+            panic!("a second node 1 was let in");
+        };
+        assert!(e.to_string().contains("member already"), "{e}");
+        assert!(
+            !dirs[1].path().join(cluster_id::FILE).exists(),
+            "the refused node kept the cluster's id"
+        );
+        store.close().unwrap();
+        stop(a.0, a.1).await;
+    });
+}
+
+#[test]
 fn nodes_over_mutual_tls_replicate_and_turn_away_parties_without_the_clusters_certificate() {
     let pki = tempfile::tempdir().unwrap();
     let other_pki = tempfile::tempdir().unwrap();
