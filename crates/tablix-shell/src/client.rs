@@ -54,6 +54,9 @@ enum Transport {
         base: Mutex<String>,
         others: Mutex<Vec<String>>,
         agent: ureq::Agent,
+        /// TLS for the interactive shell's own connections to an
+        /// https:// address.
+        tls: Arc<rustls::ClientConfig>,
     },
 }
 
@@ -130,6 +133,9 @@ impl Client {
         let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(3)));
+        // The interactive shell's requests go over connections of their
+        // own (a Ctrl-C closes them): they trust what ureq's do.
+        let mut roots = rustls::RootCertStore::empty();
         if let Some(ca) = ca {
             let pem = std::fs::read(ca)
                 .map_err(|e| ClientError::Setup(format!("reading {}: {e}", ca.display())))?;
@@ -145,17 +151,35 @@ impl Client {
                     ca.display()
                 )));
             }
+            for c in &certs {
+                roots
+                    .add(rustls::pki_types::CertificateDer::from(c.der().to_vec()))
+                    .map_err(|e| {
+                        ClientError::Setup(format!("a certificate of {}: {e}", ca.display()))
+                    })?;
+            }
             config = config.tls_config(
                 ureq::tls::TlsConfig::builder()
                     .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
                     .build(),
             );
         }
+        if ca.is_none() {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Setup(format!("setting up TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         Ok(Client {
             transport: Transport::Tcp {
                 base: Mutex::new(format!("{scheme}://{host_port}")),
                 others: Mutex::new(Vec::new()),
                 agent: config.build().into(),
+                tls: Arc::new(tls),
             },
             authorization: None,
             level: None,
@@ -264,59 +288,29 @@ impl Client {
                     }
                 }
             }),
-            Transport::Tcp { .. } if self.addr().starts_with("http://") => {
+            Transport::Tcp { tls, .. } => {
                 // Over a connection of its own, closed at a Ctrl-C: the
                 // daemon sees its client go and stops the statement.
                 let at = self.addr();
-                let host_port = at.trim_start_matches("http://").to_string();
+                let (secure, host_port) = match at.split_once("://") {
+                    Some(("https", rest)) => (true, rest.to_string()),
+                    Some((_, rest)) => (false, rest.to_string()),
+                    None => (false, at.clone()),
+                };
+                let tls = if secure { Some(Arc::clone(tls)) } else { None };
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| ClientError::Setup(format!("starting a request: {e}")))?;
                 runtime.block_on(async {
                     tokio::select! {
-                        r = self.over_tcp(&host_port, method, path, body) => r,
+                        r = self.over_tcp(&host_port, tls, method, path, body) => r,
                         () = raised(&flag) => {
                             flag.store(false, Ordering::SeqCst);
                             Err(ClientError::Interrupted)
                         }
                     }
                 })
-            }
-            Transport::Tcp { agent, .. } => {
-                // HTTPS: the request runs on a thread of its own, so that
-                // a Ctrl-C returns to the prompt at once; its connection
-                // closes when the daemon answers (its statement runs on
-                // until its time limit: nothing closes it earlier).
-                let (tx, rx) = std::sync::mpsc::channel();
-                let agent = agent.clone();
-                let url = format!("{}{path}", self.addr());
-                let authorization = self.authorization.clone();
-                let worker = std::thread::Builder::new()
-                    .name("tablix-sql-request".into())
-                    .spawn(move || {
-                        let r = tcp_call(&agent, &url, authorization.as_deref(), body.as_deref());
-                        let _ = tx.send(r);
-                    });
-                if let Err(e) = worker {
-                    return Err(ClientError::Setup(format!("starting a request: {e}")));
-                }
-                loop {
-                    match rx.recv_timeout(Duration::from_millis(20)) {
-                        Ok(Ok(r)) => return Ok(r),
-                        Ok(Err(e)) => return Err(self.unreachable(e)),
-                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                            return Err(ClientError::Protocol(
-                                "the request ended without an answer".into(),
-                            ));
-                        }
-                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                            if flag.swap(false, Ordering::SeqCst) {
-                                return Err(ClientError::Interrupted);
-                            }
-                        }
-                    }
-                }
             }
         }
     }
@@ -333,6 +327,7 @@ impl Client {
                 base,
                 others,
                 agent,
+                ..
             } => {
                 let send_to = |at: &str| {
                     tcp_call(
@@ -401,11 +396,12 @@ impl Client {
             .await
     }
 
-    /// One request over a new plain TCP connection to `host_port`, which
-    /// closes when the future is dropped.
+    /// One request over a new TCP connection to `host_port` (TLS with
+    /// `tls`), which closes when the future is dropped.
     async fn over_tcp(
         &self,
         host_port: &str,
+        tls: Option<Arc<rustls::ClientConfig>>,
         method: &str,
         path: &str,
         body: Option<Vec<u8>>,
@@ -417,6 +413,21 @@ impl Client {
             Err(_) => return Err(self.unreachable("connecting timed out after 3 s")),
         };
         let _ = stream.set_nodelay(true);
+        let Some(tls) = tls else {
+            return self
+                .over_stream(stream, host_port, method, path, body)
+                .await;
+        };
+        let host = match host_port.rsplit_once(':') {
+            Some((host, _)) => host.trim_start_matches('[').trim_end_matches(']'),
+            None => host_port,
+        };
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| ClientError::Setup(format!("{host:?} is not a TLS server name: {e}")))?;
+        let stream = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, stream)
+            .await
+            .map_err(|e| self.unreachable(format!("TLS: {e}")))?;
         self.over_stream(stream, host_port, method, path, body)
             .await
     }

@@ -420,7 +420,7 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
 
 /// A certificate authority and, for each of `names`, a certificate it
 /// signed for 127.0.0.1, in `dir`: (cert, key, ca) files per name.
-fn cluster_certificates(dir: &Path, names: &[&str]) -> Vec<(PathBuf, PathBuf, PathBuf)> {
+pub(crate) fn certificates(dir: &Path, names: &[&str]) -> Vec<(PathBuf, PathBuf, PathBuf)> {
     let mut params = rcgen::CertificateParams::new(Vec::new()).unwrap();
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     params
@@ -461,7 +461,7 @@ fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_
     let dir = tempfile::tempdir().unwrap();
     let pki = dir.path().join("pki");
     std::fs::create_dir(&pki).unwrap();
-    let certs = cluster_certificates(&pki, &["node1", "node2", "operator"]);
+    let certs = certificates(&pki, &["node1", "node2", "operator"]);
     let raft: Vec<String> = (0..2).map(|_| free_raft_addr()).collect();
     let tls_args = |i: usize| {
         vec![

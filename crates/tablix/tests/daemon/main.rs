@@ -789,62 +789,112 @@ fn screen(raw: &[u8]) -> String {
     screen
 }
 
+/// Runs a statement that never ends in an interactive shell started with
+/// `args`, types Ctrl-C, and checks that the prompt comes back and that
+/// the daemon stops the statement while the shell runs on (`cancelled`
+/// reads the daemon's count of statements it cancelled).
+fn ctrl_c_stops_the_statement(args: &str, home: &Path, cancelled: &dyn Fn() -> u64) {
+    let before = cancelled();
+    let mut child = in_terminal(&format!("{BIN} sql {args}"), home);
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(
+        stdin,
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n;"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The terminal's interrupt character: SIGINT to the shell.
+    stdin.write_all(b"\x03").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    writeln!(stdin, "SELECT 6 + 1;").unwrap();
+    // The daemon stops the statement while the shell goes on (it checks
+    // for departed clients every 200 ms), long before the statement's
+    // 30 s time limit and before the shell exits (which would close any
+    // connection it kept).
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while cancelled() <= before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = cancelled() > before;
+    writeln!(stdin, ".quit").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let screen = screen(&out.stdout);
+    assert!(screen.contains("Interrupted"), "{args}: {screen}");
+    assert!(
+        screen.contains("| 6 + 1 |") && screen.contains("     7 |"),
+        "{args}: the shell did not go on: {screen}"
+    );
+    assert!(stopped, "{args}: the statement was not stopped");
+}
+
+/// The daemon's count of statements it cancelled, from `/status` at `url`.
+fn statements_cancelled(agent: &ureq::Agent, url: &str) -> u64 {
+    let status: serde_json::Value = agent
+        .get(format!("{url}/status"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    status["store"]["stats"]["statements_cancelled"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no statements_cancelled in {status}"))
+}
+
 #[test]
 fn ctrl_c_in_the_shell_stops_the_statement_on_the_daemon_and_returns_to_the_prompt() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let d = Daemon::start(&data, &[]);
-    let cancelled = || -> u64 {
-        let status: serde_json::Value = http()
-            .get(format!("http://{}/status", d.addr))
-            .call()
-            .unwrap()
-            .body_mut()
-            .read_json()
-            .unwrap();
-        status["store"]["stats"]["statements_cancelled"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no statements_cancelled in {status}"))
-    };
+    let url = format!("http://{}", d.addr);
+    let cancelled = || statements_cancelled(&http(), &url);
     // Over the Unix socket (--data) and over TCP (--addr).
-    for how in [
-        format!("--data {}", data.display()),
-        format!("--addr {}", d.addr),
-    ] {
-        let before = cancelled();
-        let mut child = in_terminal(&format!("{BIN} sql {how}"), dir.path());
-        let mut stdin = child.stdin.take().unwrap();
-        std::thread::sleep(Duration::from_millis(500));
-        writeln!(
-            stdin,
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n;"
+    ctrl_c_stops_the_statement(
+        &format!("--data {}", data.display()),
+        dir.path(),
+        &cancelled,
+    );
+    ctrl_c_stops_the_statement(&format!("--addr {}", d.addr), dir.path(), &cancelled);
+    d.stop();
+
+    // Over HTTPS.
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let (cert, key, ca) = cluster::certificates(&pki, &["api"]).remove(0);
+    let data = dir.path().join("tls-data");
+    let d = Daemon::start(
+        &data,
+        &[
+            "--http-cert",
+            cert.to_str().unwrap(),
+            "--http-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let pem = std::fs::read(&ca).unwrap();
+    let roots: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&roots))
+                .build(),
         )
-        .unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
-        // The terminal's interrupt character: SIGINT to the shell.
-        stdin.write_all(b"\x03").unwrap();
-        std::thread::sleep(Duration::from_millis(500));
-        writeln!(stdin, "SELECT 6 + 1;").unwrap();
-        // The daemon stops the statement while the shell goes on (it
-        // checks for departed clients every 200 ms), long before the
-        // statement's 30 s time limit and before the shell exits (which
-        // would close any connection it kept).
-        let deadline = std::time::Instant::now() + Duration::from_secs(3);
-        while cancelled() <= before && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let stopped = cancelled() > before;
-        writeln!(stdin, ".quit").unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        let screen = screen(&out.stdout);
-        assert!(screen.contains("Interrupted"), "{how}: {screen}");
-        assert!(
-            screen.contains("| 6 + 1 |") && screen.contains("     7 |"),
-            "{how}: the shell did not go on: {screen}"
-        );
-        assert!(stopped, "{how}: the statement was not stopped");
-    }
+        .build()
+        .into();
+    let url = format!("https://{}", d.addr);
+    let cancelled = || statements_cancelled(&agent, &url);
+    ctrl_c_stops_the_statement(
+        &format!("--addr {url} --ca-cert {}", ca.display()),
+        dir.path(),
+        &cancelled,
+    );
     d.stop();
 }
 
