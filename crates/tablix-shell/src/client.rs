@@ -288,23 +288,16 @@ impl Client {
                     }
                 }
             }),
-            Transport::Tcp { tls, .. } => {
+            Transport::Tcp { .. } => {
                 // Over a connection of its own, closed at a Ctrl-C: the
                 // daemon sees its client go and stops the statement.
-                let at = self.addr();
-                let (secure, host_port) = match at.split_once("://") {
-                    Some(("https", rest)) => (true, rest.to_string()),
-                    Some((_, rest)) => (false, rest.to_string()),
-                    None => (false, at.clone()),
-                };
-                let tls = if secure { Some(Arc::clone(tls)) } else { None };
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .map_err(|e| ClientError::Setup(format!("starting a request: {e}")))?;
                 runtime.block_on(async {
                     tokio::select! {
-                        r = self.over_tcp(&host_port, tls, method, path, body) => r,
+                        r = self.over_tcp_anywhere(method, path, body) => r,
                         () = raised(&flag) => {
                             flag.store(false, Ordering::SeqCst);
                             Err(ClientError::Interrupted)
@@ -313,6 +306,60 @@ impl Client {
                 })
             }
         }
+    }
+
+    /// One request over a connection of its own to this node, or, when
+    /// it cannot be reached (nothing was sent), to the other nodes of
+    /// its cluster in turn, as [`Client::send_now`] does.
+    async fn over_tcp_anywhere(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Vec<u8>), ClientError> {
+        let Transport::Tcp {
+            base, others, tls, ..
+        } = &self.transport
+        else {
+            return Err(ClientError::Setup("not a TCP client".into()));
+        };
+        let at = self.addr();
+        let mut candidates = vec![at.clone()];
+        candidates.extend(others.lock().map(|o| o.clone()).unwrap_or_default());
+        let mut unreached = None;
+        for url in candidates {
+            let (secure, host_port) = match url.split_once("://") {
+                Some(("https", rest)) => (true, rest),
+                Some((_, rest)) => (false, rest),
+                None => (false, url.as_str()),
+            };
+            let connect = tokio::net::TcpStream::connect(host_port);
+            let stream = match tokio::time::timeout(Duration::from_secs(3), connect).await {
+                Ok(Ok(s)) => s,
+                // Nothing was sent: the next node may take it.
+                Ok(Err(e)) => {
+                    unreached.get_or_insert_with(|| e.to_string());
+                    continue;
+                }
+                Err(_) => {
+                    unreached.get_or_insert_with(|| "connecting timed out after 3 s".into());
+                    continue;
+                }
+            };
+            if url != at {
+                eprintln!("({at} cannot be reached; going on with {url})");
+                if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
+                    o.retain(|x| *x != url);
+                    o.push(at.clone());
+                    *b = url.clone();
+                }
+            }
+            let tls = secure.then(|| Arc::clone(tls));
+            return self
+                .over_tcp(stream, host_port, tls, method, path, body)
+                .await;
+        }
+        Err(self.unreachable(unreached.unwrap_or_default()))
     }
 
     /// Sends one request of bytes and waits for its answer.
@@ -396,22 +443,17 @@ impl Client {
             .await
     }
 
-    /// One request over a new TCP connection to `host_port` (TLS with
-    /// `tls`), which closes when the future is dropped.
+    /// One request on `stream`, a new connection to `host_port` (TLS
+    /// with `tls`), which closes when the future is dropped.
     async fn over_tcp(
         &self,
+        stream: tokio::net::TcpStream,
         host_port: &str,
         tls: Option<Arc<rustls::ClientConfig>>,
         method: &str,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        let connect = tokio::net::TcpStream::connect(host_port);
-        let stream = match tokio::time::timeout(Duration::from_secs(3), connect).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(self.unreachable(e)),
-            Err(_) => return Err(self.unreachable("connecting timed out after 3 s")),
-        };
         let _ = stream.set_nodelay(true);
         let Some(tls) = tls else {
             return self

@@ -516,3 +516,60 @@ fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_
     d2.stop();
     d1.stop();
 }
+
+#[test]
+fn the_shell_at_its_prompt_goes_on_with_another_node_when_its_node_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft: Vec<String> = (0..3).map(|_| free_raft_addr()).collect();
+    let start = |i: usize, how: &[&str]| {
+        let id = (i + 1).to_string();
+        let mut args: Vec<&str> = vec!["--node-id", &id, "--raft", &raft[i]];
+        args.extend(how);
+        Daemon::start_env(
+            &dir.path().join(format!("data{i}")),
+            &args,
+            &[("TABLIX_LOG", "error")],
+        )
+    };
+    let d1 = start(0, &["--bootstrap"]);
+    let d2 = start(1, &["--join", &raft[0]]);
+    let mut d3 = start(2, &["--join", &raft[0]]);
+    eventually("three voters", || {
+        let r: Option<serde_json::Value> = crate::http()
+            .get(format!("http://{}/nodes?ver=2", d1.addr))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_json().ok());
+        r.is_some_and(|r| {
+            r["nodes"]
+                .as_array()
+                .is_some_and(|n| n.iter().filter(|n| n["voter"] == true).count() == 3)
+        })
+    });
+    let mut child = crate::in_terminal(&format!("{BIN} sql --addr {}", d3.addr), dir.path());
+    let mut stdin = child.stdin.take().unwrap();
+    // The shell learns the cluster's nodes when it starts.
+    std::thread::sleep(Duration::from_millis(1500));
+    {
+        use std::io::Write as _;
+        writeln!(stdin, "CREATE TABLE p(x);").unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        d3.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = d3.child.wait();
+        for line in [
+            "INSERT INTO p VALUES (1);",
+            "SELECT 'rows:' || count(*) FROM p;",
+            ".quit",
+        ] {
+            writeln!(stdin, "{line}").unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let screen = crate::screen(&out.stdout);
+    assert!(screen.contains("going on with"), "{screen}");
+    assert!(screen.contains("rows:1"), "{screen}");
+    d2.stop();
+    d1.stop();
+}
