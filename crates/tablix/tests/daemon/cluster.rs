@@ -553,7 +553,13 @@ fn the_shell_at_its_prompt_goes_on_with_another_node_when_its_node_dies() {
     {
         use std::io::Write as _;
         writeln!(stdin, "CREATE TABLE p(x);").unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // Committed (node 1 has the table) and answered before its node
+        // goes.
+        eventually("the table on node 1", || {
+            rows(&d1, "SELECT count(*) FROM sqlite_master WHERE name = 'p'")
+                == vec![vec![serde_json::json!(1)]]
+        });
+        std::thread::sleep(Duration::from_millis(300));
         d3.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = d3.child.wait();
         for line in [
