@@ -10,10 +10,11 @@
 //! is parked (counted in its FIFO, linked nowhere) until then. A pinned
 //! page that reaches a FIFO's head (pinned again by a hit) is parked too:
 //! taken out of the FIFO until its last pin goes, then put back at the
-//! tail, where rotating past it would have put it. A large write transaction keeps its dirty
-//! pages pinned (SQLite unpins a page only once it is clean), so without
-//! parking every allocation would walk past the same thousands of pinned
-//! pages again; with it each pinned page is passed once per pinning.
+//! tail, where rotating past it would have put it. A large write
+//! transaction keeps its dirty pages pinned (SQLite unpins a page only
+//! once it is clean), so without parking every allocation would walk past
+//! the same thousands of pinned pages again; with it each pinned page is
+//! passed once per pinning.
 //!
 //! `S3<true>` (`s3-lru`) keeps the small FIFO and the ghost but makes main
 //! an LRU list: a hit on a main page unlinks it, its last unpin appends it,
