@@ -317,10 +317,7 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
-        let Transport::Tcp {
-            base, others, tls, ..
-        } = &self.transport
-        else {
+        let Transport::Tcp { others, tls, .. } = &self.transport else {
             return Err(ClientError::Setup("not a TCP client".into()));
         };
         let at = self.addr();
@@ -347,12 +344,7 @@ impl Client {
                 }
             };
             if url != at {
-                eprintln!("({at} cannot be reached; going on with {url})");
-                if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
-                    o.retain(|x| *x != url);
-                    o.push(at.clone());
-                    *b = url.clone();
-                }
+                self.go_on_with(&at, &url);
             }
             let tls = secure.then(|| Arc::clone(tls));
             return self
@@ -360,6 +352,20 @@ impl Client {
                 .await;
         }
         Err(self.unreachable(unreached.unwrap_or_default()))
+    }
+
+    /// `at` could not be reached and `other`, another node of its
+    /// cluster, took the request: it is the node from now on, and `at`
+    /// goes to the end of the others.
+    fn go_on_with(&self, at: &str, other: &str) {
+        eprintln!("({at} cannot be reached; going on with {other})");
+        if let Transport::Tcp { base, others, .. } = &self.transport
+            && let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock())
+        {
+            o.retain(|x| x != other);
+            o.push(at.to_string());
+            *b = other.to_string();
+        }
     }
 
     /// Sends one request of bytes and waits for its answer.
@@ -370,12 +376,7 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Vec<u8>), ClientError> {
         match &self.transport {
-            Transport::Tcp {
-                base,
-                others,
-                agent,
-                ..
-            } => {
+            Transport::Tcp { others, agent, .. } => {
                 let send_to = |at: &str| {
                     tcp_call(
                         agent,
@@ -395,12 +396,7 @@ impl Client {
                         for other in candidates {
                             match send_to(&other) {
                                 Ok(r) => {
-                                    eprintln!("({at} cannot be reached; going on with {other})");
-                                    if let (Ok(mut b), Ok(mut o)) = (base.lock(), others.lock()) {
-                                        o.retain(|x| *x != other);
-                                        o.push(at.clone());
-                                        *b = other;
-                                    }
+                                    self.go_on_with(&at, &other);
                                     found = Some(r);
                                     break;
                                 }

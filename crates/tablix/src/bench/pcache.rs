@@ -11,7 +11,8 @@ use serde_json::json;
 use super::{hits, median, speed, speedtest1};
 use crate::cli::{PcacheBenchArgs, PcacheChoice, PcacheWorkerArgs, Suite, parse_pcache};
 
-const CONFIGS: &[&str] = &[
+/// The configurations measured, SQLite's own cache first.
+pub(super) const CONFIGS: &[&str] = &[
     "sqlite",
     "lru",
     "lfu-hist",

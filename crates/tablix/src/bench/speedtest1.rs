@@ -15,15 +15,7 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-/// The configurations, SQLite's own cache first.
-const CONFIGS: &[&str] = &[
-    "sqlite",
-    "lru",
-    "lfu-hist",
-    "s3-fifo",
-    "s3-lru",
-    "w-tinylfu",
-];
+use super::pcache::CONFIGS;
 
 /// `--cachesize` runs: SQLite's default cache, and a small one.
 const CACHE_SIZES: [Option<u32>; 2] = [None, Some(200)];

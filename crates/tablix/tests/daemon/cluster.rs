@@ -418,6 +418,19 @@ fn three_daemons_serve_one_file_system_and_survive_kill_9_of_the_leader() {
     }
 }
 
+/// Starts node `i + 1` of a cluster whose raft services listen on `raft`,
+/// with its data in `dir/data{i}` and `extra` flags (how it comes in).
+fn node(dir: &Path, raft: &[String], i: usize, extra: &[&str]) -> Daemon {
+    let id = (i + 1).to_string();
+    let mut args: Vec<&str> = vec!["--node-id", &id, "--raft", &raft[i]];
+    args.extend(extra);
+    Daemon::start_env(
+        &dir.join(format!("data{i}")),
+        &args,
+        &[("TABLIX_LOG", "error")],
+    )
+}
+
 /// A certificate authority and, for each of `names`, a certificate it
 /// signed for 127.0.0.1, in `dir`: (cert, key, ca) files per name.
 pub(crate) fn certificates(dir: &Path, names: &[&str]) -> Vec<(PathBuf, PathBuf, PathBuf)> {
@@ -474,16 +487,10 @@ fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_
         ]
     };
     let start = |i: usize, how: &[&str]| {
-        let id = (i + 1).to_string();
-        let mut args: Vec<String> = vec!["--node-id".into(), id, "--raft".into(), raft[i].clone()];
-        args.extend(how.iter().map(|s| s.to_string()));
-        args.extend(tls_args(i));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Daemon::start_env(
-            &dir.path().join(format!("data{i}")),
-            &args,
-            &[("TABLIX_LOG", "error")],
-        )
+        let tls = tls_args(i);
+        let mut extra: Vec<&str> = how.to_vec();
+        extra.extend(tls.iter().map(String::as_str));
+        node(dir.path(), &raft, i, &extra)
     };
     let d1 = start(0, &["--bootstrap"]);
     let d2 = start(1, &["--join", &raft[0]]);
@@ -521,16 +528,7 @@ fn daemons_over_mutual_tls_form_a_cluster_that_tablix_cluster_reaches_only_with_
 fn the_shell_at_its_prompt_goes_on_with_another_node_when_its_node_dies() {
     let dir = tempfile::tempdir().unwrap();
     let raft: Vec<String> = (0..3).map(|_| free_raft_addr()).collect();
-    let start = |i: usize, how: &[&str]| {
-        let id = (i + 1).to_string();
-        let mut args: Vec<&str> = vec!["--node-id", &id, "--raft", &raft[i]];
-        args.extend(how);
-        Daemon::start_env(
-            &dir.path().join(format!("data{i}")),
-            &args,
-            &[("TABLIX_LOG", "error")],
-        )
-    };
+    let start = |i: usize, how: &[&str]| node(dir.path(), &raft, i, how);
     let d1 = start(0, &["--bootstrap"]);
     let d2 = start(1, &["--join", &raft[0]]);
     let mut d3 = start(2, &["--join", &raft[0]]);
