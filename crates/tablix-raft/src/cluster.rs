@@ -38,6 +38,9 @@ const MEMBERSHIP_WAIT: Duration = Duration::from_secs(60);
 /// election.
 const TRANSFER_WAIT: Duration = Duration::from_secs(10);
 
+/// Most times a welcome that got no answer is sent.
+const WELCOME_TRIES: u32 = 3;
+
 /// Where in a data directory a node keeps its raft log.
 pub const LOG_DIR: &str = "raft-log";
 /// Where in a data directory a node keeps its snapshots.
@@ -668,19 +671,34 @@ impl Shared {
     /// Gives the node at `addr`, about to be added, this cluster's id.
     /// It refuses when it belongs to another cluster; it must be running
     /// (a node without the id takes no entry).
+    ///
+    /// A welcome is idempotent, so one that got no answer is sent again
+    /// (seen once in CI: the welcome to a node started again at its old
+    /// address, just after the leader removed its earlier incarnation,
+    /// failed in hyper's client with `SendRequest`).
     async fn welcome(&self, addr: &str) -> Result<(), String> {
-        let answer: Result<Result<(), String>, TransportError> = self
-            .transport
-            .call(addr, path::WELCOME, &(), Duration::from_secs(5))
-            .await;
-        match answer {
-            Ok(r) => r,
-            Err(TransportError::Refused { message, .. }) => Err(format!(
-                "the node at {addr} cannot join this cluster: {message}"
-            )),
-            Err(e) => Err(format!(
-                "{e}: start the node before adding it (it takes the cluster's id from the leader)"
-            )),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let answer: Result<Result<(), String>, TransportError> = self
+                .transport
+                .call(addr, path::WELCOME, &(), Duration::from_secs(5))
+                .await;
+            return match answer {
+                Ok(r) => r,
+                Err(TransportError::Refused { message, .. }) => Err(format!(
+                    "the node at {addr} cannot join this cluster: {message}"
+                )),
+                Err(TransportError::Unreachable { .. } | TransportError::NoAnswer { .. })
+                    if tries < WELCOME_TRIES =>
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+                Err(e) => Err(format!(
+                    "{e}: start the node before adding it (it takes the cluster's id from the leader)"
+                )),
+            };
         }
     }
 
