@@ -458,7 +458,7 @@ impl Transactions {
                 let ended = uc.own(|c| c.is_autocommit() || c.execute_batch("ROLLBACK").is_ok());
                 if ended
                     && let Ok(mut idle) = self.readers.lock()
-                    && idle.len() < 8
+                    && idle.len() < crate::tx_view::keep_idle(&self.setup.config)
                 {
                     idle.push(uc);
                 }

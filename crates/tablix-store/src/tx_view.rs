@@ -17,8 +17,14 @@ use crate::error::{SqliteFailure, StoreError};
 use crate::sandbox::{Role, Setup, UserConn};
 use crate::volatile::MemImage;
 
-/// Idle connections each pool keeps; more are closed when given back.
-const KEEP_IDLE: usize = 8;
+/// Idle connections a pool keeps: as many as transactions may be open at
+/// once (`--max-transactions`), so a steady load of that many clients
+/// never opens a connection (opening a view and setting up its sandbox
+/// cost as much as a five-statement transaction), and the pools never
+/// hold more than the open transactions could.
+pub(crate) fn keep_idle(config: &StoreConfig) -> usize {
+    config.max_transactions.max(1)
+}
 
 /// One committed state of the database, held open and read page by page.
 pub(crate) struct Pin {
@@ -64,6 +70,7 @@ impl PageSource for Pin {
 pub(crate) struct Pins {
     config: StoreConfig,
     idle: Mutex<Vec<Connection>>,
+    keep: usize,
 }
 
 impl Pins {
@@ -71,6 +78,7 @@ impl Pins {
         Pins {
             config: config.clone(),
             idle: Mutex::new(Vec::new()),
+            keep: keep_idle(config),
         }
     }
 
@@ -133,7 +141,7 @@ impl Pins {
             return;
         }
         if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < KEEP_IDLE
+            && idle.len() < self.keep
         {
             idle.push(conn);
         }
@@ -158,11 +166,13 @@ impl View {
 pub(crate) struct Views {
     setup: Setup,
     idle: Mutex<Vec<View>>,
+    keep: usize,
 }
 
 impl Views {
     pub(crate) fn new(setup: Setup) -> Views {
         Views {
+            keep: keep_idle(&setup.config),
             setup,
             idle: Mutex::new(Vec::new()),
         }
@@ -210,9 +220,40 @@ impl Views {
             return;
         }
         if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < KEEP_IDLE
+            && idle.len() < self.keep
         {
             idle.push(view);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pin_pool_keeps_as_many_connections_as_transactions_may_be_open() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut config = StoreConfig::new(dir.path());
+        config.max_transactions = 12;
+        let db = Connection::open(config.database_path()).expect("the database");
+        db.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .expect("a table");
+        let pins = Pins::new(&config);
+        for round in 0..2 {
+            let taken: Vec<Arc<Pin>> = (0..13).map(|_| pins.take().expect("a pin")).collect();
+            for pin in taken {
+                pins.give_back(pin);
+            }
+            let idle = pins.idle.lock().expect("the pool").len();
+            assert_eq!(idle, 12, "round {round}: idle pins after 13 transactions");
+        }
+        // A pin given back while a view still reads through it keeps its
+        // read transaction, so it is not pooled.
+        let pin = pins.take().expect("a pin");
+        let reader = Arc::clone(&pin);
+        pins.give_back(pin);
+        assert_eq!(pins.idle.lock().expect("the pool").len(), 11);
+        drop(reader);
     }
 }

@@ -595,8 +595,8 @@ pub struct InsertBenchArgs {
 
 #[derive(Args, Debug)]
 pub struct TpsBenchArgs {
-    /// Scratch directory on the disk to measure; the seed ran on tmpfs
-    /// (/dev/shm) [default: ./target/bench/tps]
+    /// Scratch directory on the disk to measure [default:
+    /// /dev/shm/tablix-bench-tps, tmpfs, as the seed ran]
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
     /// Rows of t1 (the seed's size is 5000000).
