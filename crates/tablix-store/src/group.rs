@@ -32,11 +32,12 @@ fn batch_sql(conn: &Connection, sql: &str) -> Result<(), StoreError> {
 }
 
 /// Applies `items` with `machine` in one transaction on its connection,
-/// each inside its own SAVEPOINT (a lone item in none), and commits. An item whose reply refuses
-/// it is rolled back alone and keeps its reply; the others commit. An item
-/// that ends the whole transaction itself (ON CONFLICT ROLLBACK, an
-/// interrupted write) is excluded and the group applied again without
-/// it, which leaves the state one-by-one application would.
+/// each inside its own SAVEPOINT (a lone item in none), and commits. An
+/// item whose reply refuses it is rolled back alone and keeps its reply;
+/// the others commit. An item that ends the whole transaction itself (ON
+/// CONFLICT ROLLBACK, an interrupted write) is excluded and the group
+/// applied again without it, which leaves the state one-by-one
+/// application would.
 ///
 /// Replies cost memory until the group is answered
 /// ([`Grouped::reply_bytes`]): the group ends before the first item
@@ -84,10 +85,8 @@ pub(crate) fn commit<M: Grouped>(
             }
             // A group of one needs no savepoint: the transaction is the
             // item's, and an item it refuses is rolled back with it and
-            // excluded, as one that ended the transaction itself is. The
-            // savepoint's journal copies every page the item changes
-            // (a tenth of the transaction writer's time for a
-            // five-row commit).
+            // excluded, as one that ended the transaction itself is. A
+            // savepoint's journal copies every page the item changes.
             let alone = items.len() == 1;
             if !alone {
                 batch_sql(conn, "SAVEPOINT tablix_command")?;

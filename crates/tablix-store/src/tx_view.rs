@@ -26,6 +26,9 @@ pub(crate) fn keep_idle(config: &StoreConfig) -> usize {
     config.max_transactions.max(1)
 }
 
+/// Idle views that keep their page caches' memory.
+const WARM_VIEWS: usize = 8;
+
 /// One committed state of the database, held open and read page by page.
 pub(crate) struct Pin {
     conn: Mutex<Connection>,
@@ -218,6 +221,15 @@ impl Views {
         view.overlay.clear();
         if !clean {
             return;
+        }
+        // Its cached pages are of a snapshot no transaction will read
+        // again (the next one drops them). The first few idle views keep
+        // the memory for the next transaction's pages (freeing and
+        // allocating it again cost sixteen HTTP clients 3-4% of their
+        // transactions); the others give it back.
+        let idle = self.idle.lock().map_or(0, |v| v.len());
+        if idle >= WARM_VIEWS {
+            let _ = view.uc.conn.execute_batch("PRAGMA shrink_memory");
         }
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < self.keep
