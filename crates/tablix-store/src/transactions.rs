@@ -121,6 +121,10 @@ pub struct TxStats {
     /// Statements refused because the transaction's changes would pass
     /// `--tx-max-bytes`.
     pub too_large: u64,
+    /// Connections opened for transactions (views, the pins under them,
+    /// read-only readers). The pools keep up to `--max-transactions`
+    /// idle, so a steady load opens none.
+    pub connections_opened: u64,
 }
 
 #[derive(Default)]
@@ -133,6 +137,7 @@ struct Counters {
     idle_timeouts: AtomicU64,
     expired: AtomicU64,
     too_large: AtomicU64,
+    readers_opened: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -244,7 +249,11 @@ impl Transactions {
                 let idle = self.readers.lock().ok().and_then(|mut v| v.pop());
                 let mut uc = match idle {
                     Some(uc) => uc,
-                    None => UserConn::open(&self.setup, Role::Reader, &image)?,
+                    None => {
+                        let uc = UserConn::open(&self.setup, Role::Reader, &image)?;
+                        bump(&self.counters.readers_opened);
+                        uc
+                    }
                 };
                 uc.refresh_mem(&image)?;
                 let began = uc.own(|c| {
@@ -626,6 +635,9 @@ impl Transactions {
             idle_timeouts: get(&c.idle_timeouts),
             expired: get(&c.expired),
             too_large: get(&c.too_large),
+            connections_opened: get(&c.readers_opened)
+                + get(&self.views.opened)
+                + get(&self.pins.opened),
         }
     }
 }
@@ -639,7 +651,8 @@ CREATE TEMP VIEW tablix_transaction_stats AS
     SELECT s->>'open' AS open, s->>'open_readonly' AS open_readonly, s->>'begun' AS begun,
            s->>'committed' AS committed, s->>'conflicts' AS conflicts, s->>'refused' AS refused,
            s->>'rolled_back' AS rolled_back, s->>'idle_timeouts' AS idle_timeouts,
-           s->>'expired' AS expired, s->>'too_large' AS too_large
+           s->>'expired' AS expired, s->>'too_large' AS too_large,
+           s->>'connections_opened' AS connections_opened
     FROM (SELECT tablix_transactions_json('stats') AS s);
 CREATE TEMP VIEW tablix_transactions AS
     SELECT t.value->>'id' AS id, t.value->>'kind' AS kind, t.value->>'owner' AS owner,

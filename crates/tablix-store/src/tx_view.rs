@@ -7,6 +7,7 @@
 //! Both are pooled: a view connection keeps its sandbox (views, functions,
 //! authorizer) and a pin its file handle between transactions.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OpenFlags};
@@ -74,6 +75,8 @@ pub(crate) struct Pins {
     config: StoreConfig,
     idle: Mutex<Vec<Connection>>,
     keep: usize,
+    /// Connections opened since the store opened.
+    pub(crate) opened: AtomicU64,
 }
 
 impl Pins {
@@ -82,6 +85,7 @@ impl Pins {
             config: config.clone(),
             idle: Mutex::new(Vec::new()),
             keep: keep_idle(config),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -107,7 +111,11 @@ impl Pins {
         let idle = self.idle.lock().ok().and_then(|mut v| v.pop());
         let conn = match idle {
             Some(c) => c,
-            None => self.open()?,
+            None => {
+                let c = self.open()?;
+                self.opened.fetch_add(1, Ordering::Relaxed);
+                c
+            }
         };
         let fail = |e: rusqlite::Error| StoreError::Failed(SqliteFailure::of(&e));
         conn.execute_batch("BEGIN").map_err(fail)?;
@@ -170,6 +178,8 @@ pub(crate) struct Views {
     setup: Setup,
     idle: Mutex<Vec<View>>,
     keep: usize,
+    /// Connections opened since the store opened.
+    pub(crate) opened: AtomicU64,
 }
 
 impl Views {
@@ -178,6 +188,7 @@ impl Views {
             keep: keep_idle(&setup.config),
             setup,
             idle: Mutex::new(Vec::new()),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -202,6 +213,7 @@ impl Views {
                 overlay.reset(source).map_err(StoreError::Apply)?;
                 let uc =
                     UserConn::open_on(&self.setup, Role::Transaction, image, Some(&overlay.uri()))?;
+                self.opened.fetch_add(1, Ordering::Relaxed);
                 View { uc, overlay }
             }
         };

@@ -371,3 +371,40 @@ fn foreign_keys_hold_across_commits_and_their_actions_and_triggers_apply_once() 
         [[Value::Integer(2)]]
     );
 }
+
+#[test]
+fn as_many_transactions_as_may_be_open_at_once_reuse_their_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_with(dir.path(), |c| c.max_transactions = 12);
+    let root = Principal::root();
+    let mut after_each_round = Vec::new();
+    for round in 0..3 {
+        let writers: Vec<_> = (0..10)
+            .map(|_| store.transaction(&root, TxKind::ReadWrite).unwrap())
+            .collect();
+        let readers: Vec<_> = (0..2)
+            .map(|_| store.transaction(&root, TxKind::ReadOnly).unwrap())
+            .collect();
+        for (i, tx) in writers.into_iter().enumerate() {
+            tx.execute(&format!("UPDATE kv SET w = 'r{round}t{i}' WHERE k = 1"))
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        for tx in readers {
+            tx.execute("SELECT count(*) FROM kv").unwrap();
+            tx.commit().unwrap();
+        }
+        after_each_round.push(store.tx_stats().connections_opened);
+    }
+    // Ten views, the ten pins under them and two readers, opened once.
+    assert_eq!(after_each_round, [22, 22, 22]);
+    let opened: i64 = match &rows(
+        &store,
+        "SELECT connections_opened FROM tablix_transaction_stats",
+    )[0][0]
+    {
+        Value::Integer(n) => *n,
+        other => panic!("connections_opened is {other:?}"),
+    };
+    assert_eq!(opened, 22);
+}
