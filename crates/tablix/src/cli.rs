@@ -321,6 +321,11 @@ pub struct UpArgs {
     /// applied entries.
     #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub snapshot_every: u64,
+    /// Stop (as on SIGTERM) when the process that started this one
+    /// exits, however it ends: for benchmarks and tests that start
+    /// daemons of their own.
+    #[arg(long, hide = true)]
+    pub exit_with_parent: bool,
     /// Where to mount the tablix file system.
     #[arg(value_name = "MOUNTPOINT")]
     pub mountpoint: Option<PathBuf>,

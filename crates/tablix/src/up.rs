@@ -162,6 +162,15 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if args.exit_with_parent {
+        // The kernel sends the signal when the thread that started this
+        // process exits; one that exited before this call left it to init.
+        nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+            .context("asking to be stopped when the process that started tablix exits")?;
+        if nix::unistd::getppid() == nix::unistd::Pid::from_raw(1) {
+            bail!("--exit-with-parent: the process that started tablix has already exited");
+        }
+    }
     // Before anything opens a connection: SQLite takes its page cache at
     // initialisation.
     args.pcache.install()?;

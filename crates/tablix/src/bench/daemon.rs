@@ -7,9 +7,12 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{Context, bail};
 
 /// Spawns `cmd` (a `tablix up`) with its standard output piped and waits
-/// for its ready line: the child and its HTTP API's `host:port`.
+/// for its ready line: the child and its HTTP API's `host:port`. The
+/// daemon stops when this process exits, also when a signal ends it
+/// before the benchmark could.
 pub(crate) fn spawn_ready(cmd: &mut Command) -> anyhow::Result<(Child, String)> {
     let mut child = cmd
+        .arg("--exit-with-parent")
         .stdout(Stdio::piped())
         .spawn()
         .context("starting tablix up")?;

@@ -1738,3 +1738,50 @@ fn under_tablix_run_sa_restart_decides_whether_an_interrupted_read_restarts() {
     }
     d.stop();
 }
+
+/// Whether process `pid` is gone or a zombie.
+fn exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn a_daemon_started_with_exit_with_parent_stops_when_its_parent_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = dir.path().join("out");
+    // A shell starts the daemon, waits for it to be ready, says its pid
+    // and exits: the daemon's parent is gone.
+    let script = format!(
+        "{BIN} up --exit-with-parent --http 127.0.0.1:0 --data '{}' > '{}' 2>&1 &
+         pid=$!
+         for i in $(seq 1 400); do grep -q 'tablix ready' '{}' && break; sleep 0.05; done
+         echo $pid",
+        data.display(),
+        out.display(),
+        out.display()
+    );
+    let shell = output_within(Command::new("sh").arg("-c").arg(&script), b"");
+    let pid: i32 = String::from_utf8_lossy(&shell.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let said = std::fs::read_to_string(&out).unwrap_or_default();
+    assert!(
+        said.contains("tablix ready"),
+        "the daemon did not start: {said}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !exited(pid) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gone = exited(pid);
+    if !gone {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    assert!(gone, "the daemon ran on after its parent exited");
+}
