@@ -11,11 +11,29 @@ use tablix_testkit::command::Limited;
 
 use crate::{BIN, Daemon, rows};
 
-/// A free loopback port (bound, then released) for a node's raft service,
-/// which keeps its address across restarts.
+/// A free loopback address for a node's raft service, which keeps it
+/// across restarts, so it is chosen before the node starts. The port lies
+/// below the kernel's ephemeral range: a port bound with port 0 and
+/// released would be free for every socket that binds port 0 (the
+/// daemons' HTTP services of this and the tests beside it) until the
+/// node binds it.
 fn free_raft_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000, low.saturating_sub(10_000).max(1));
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = first + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let addr = format!("127.0.0.1:{port}");
+        if std::net::TcpListener::bind(&addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free loopback port between {first} and {low}");
 }
 
 pub(crate) struct Node {
