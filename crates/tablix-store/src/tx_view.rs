@@ -20,9 +20,9 @@ use crate::volatile::MemImage;
 
 /// Idle connections a pool keeps: as many as transactions may be open at
 /// once (`--max-transactions`), so a steady load of that many clients
-/// never opens a connection (opening a view and setting up its sandbox
-/// cost as much as a five-statement transaction), and the pools never
-/// hold more than the open transactions could.
+/// never opens a connection (a view's sandbox attaches the memory image
+/// and parses a few hundred statements), and the pools never hold more
+/// than the open transactions could.
 pub(crate) fn keep_idle(config: &StoreConfig) -> usize {
     config.max_transactions.max(1)
 }

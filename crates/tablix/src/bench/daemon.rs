@@ -8,8 +8,9 @@ use anyhow::{Context, bail};
 
 /// Spawns `cmd` (a `tablix up`) with its standard output piped and waits
 /// for its ready line: the child and its HTTP API's `host:port`. The
-/// daemon stops when this process exits, also when a signal ends it
-/// before the benchmark could.
+/// daemon stops when the thread that calls this exits (the benchmarks
+/// call it from their main thread), also when a signal ends the process
+/// before the benchmark could stop its daemons.
 pub(crate) fn spawn_ready(cmd: &mut Command) -> anyhow::Result<(Child, String)> {
     let mut child = cmd
         .arg("--exit-with-parent")
