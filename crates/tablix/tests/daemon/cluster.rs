@@ -578,14 +578,15 @@ fn the_shell_at_its_prompt_goes_on_with_another_node_when_its_node_dies() {
         std::thread::sleep(Duration::from_millis(300));
         d3.signal(nix::sys::signal::Signal::SIGKILL);
         let _ = d3.child.wait();
-        for line in [
-            "INSERT INTO p VALUES (1);",
-            "SELECT 'rows:' || count(*) FROM p;",
-            ".quit",
-        ] {
-            writeln!(stdin, "{line}").unwrap();
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        crate::type_lines(
+            &mut stdin,
+            &[
+                "INSERT INTO p VALUES (1);",
+                "SELECT 'rows:' || count(*) FROM p;",
+                ".quit",
+            ],
+            Duration::from_millis(500),
+        );
     }
     drop(stdin);
     let out = child.wait_with_output().unwrap();

@@ -905,17 +905,18 @@ fn the_interactive_shell_edits_continues_and_keeps_history() {
     let mut child = in_terminal(&format!("{BIN} sql --addr {}", d.addr), dir.path());
     let mut stdin = child.stdin.take().unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    for line in [
-        "CREATE TABLE t(x);",
-        "INSERT INTO t",
-        "VALUES (41);",
-        "SELECT x + 1 AS y FROM t;",
-        "SELEC 1;",
-        ".quit",
-    ] {
-        writeln!(stdin, "{line}").unwrap();
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    type_lines(
+        &mut stdin,
+        &[
+            "CREATE TABLE t(x);",
+            "INSERT INTO t",
+            "VALUES (41);",
+            "SELECT x + 1 AS y FROM t;",
+            "SELEC 1;",
+            ".quit",
+        ],
+        Duration::from_millis(300),
+    );
     drop(stdin);
     let out = child.wait_with_output().unwrap();
     let screen = screen(&out.stdout);
@@ -1215,6 +1216,15 @@ fn rows(d: &Daemon, q: &str) -> Vec<Vec<serde_json::Value>> {
 /// Polls `q` until its first value satisfies `ok`, for up to 10 s.
 /// Runs `command` on a terminal of its own (script(1)), so that the shell
 /// runs its line editor, with `home` as HOME; its three streams are piped.
+/// Types `lines` into a terminal session's input, `pause` after each so
+/// the shell reads them one at a time.
+fn type_lines(stdin: &mut impl Write, lines: &[&str], pause: Duration) {
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+        std::thread::sleep(pause);
+    }
+}
+
 fn in_terminal(command: &str, home: &Path) -> Child {
     Command::new("script")
         .args(["-qec", command, "/dev/null"])
