@@ -16,6 +16,7 @@
 
 mod cluster;
 pub mod cluster_id;
+mod gather;
 mod log_store;
 mod proposer;
 mod replies;

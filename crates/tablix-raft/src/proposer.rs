@@ -7,16 +7,21 @@
 //! front of it: a task takes every proposal waiting when an entry can be
 //! sent (at most [`ProposerConfig::in_flight`] entries are in openraft at
 //! once), makes them one entry, and hands each client its own Command's
-//! reply. A lone client is not delayed: an entry leaves as soon as a slot
-//! is free, whatever it holds.
+//! reply.
+//!
+//! An entry also waits, up to [`ProposerConfig::gather`], for the clients
+//! the previous entry just answered (`gather.rs` says why and when).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use openraft::Raft;
 use openraft::error::{ClientWriteError, RaftError};
 use tablix_store::{CommandReply, EntryReply, ReplicatedCommand, Stamped};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::gather::{Backoff, DEFAULT_WAIT, Queued};
 use crate::types::{NodeId, TypeConfig};
 
 /// Why a proposal was not applied.
@@ -53,6 +58,8 @@ pub struct ProposerConfig {
     pub in_flight: usize,
     /// Most proposals waiting for a batch; more wait for room.
     pub queue: usize,
+    /// Longest an entry waits for the proposals it expects (zero: never).
+    pub gather: Duration,
 }
 
 impl Default for ProposerConfig {
@@ -62,6 +69,7 @@ impl Default for ProposerConfig {
             max_bytes: 4 << 20,
             in_flight: 1,
             queue: 1024,
+            gather: DEFAULT_WAIT,
         }
     }
 }
@@ -85,14 +93,17 @@ struct Proposal {
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Proposal>,
+    /// Proposals sent and not yet taken by the batching task.
+    queued: Queued,
 }
 
 impl Proposer {
     /// Starts the batching task on the current tokio runtime.
     pub fn new(raft: Raft<TypeConfig>, config: ProposerConfig) -> Proposer {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
-        tokio::spawn(batch(raft, rx, config));
-        Proposer { tx }
+        let queued = Queued::default();
+        tokio::spawn(batch(raft, rx, config, queued.clone()));
+        Proposer { tx, queued }
     }
 
     /// Proposes `command`: answered with its own reply once the entry
@@ -111,17 +122,27 @@ impl Proposer {
     ) -> Result<Committed, ProposeError> {
         let (reply, rx) = oneshot::channel();
         let gone = || ProposeError::Stopped("the proposer ended".into());
-        self.tx
-            .send(Proposal { command, reply })
-            .await
-            .map_err(|_| gone())?;
+        // Room first: a caller that gives up while the queue is full has
+        // sent nothing and counted nothing.
+        let room = self.tx.reserve().await.map_err(|_| gone())?;
+        self.queued.sent();
+        room.send(Proposal { command, reply });
         rx.await.map_err(|_| gone())?
     }
 }
 
 /// The batching task: one entry per turn, up to `in_flight` at once.
-async fn batch(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<Proposal>, config: ProposerConfig) {
+async fn batch(
+    raft: Raft<TypeConfig>,
+    mut rx: mpsc::Receiver<Proposal>,
+    config: ProposerConfig,
+    queued: Queued,
+) {
     let slots = Arc::new(Semaphore::new(config.in_flight.max(1)));
+    // How many proposals the next entry expects: set as each entry is
+    // answered, to its Commands plus the proposals waiting then.
+    let expected = Arc::new(AtomicUsize::new(0));
+    let mut backoff = Backoff::default();
     loop {
         // A slot first, then the proposals: whatever arrived while every
         // slot was busy goes out together.
@@ -131,23 +152,32 @@ async fn batch(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<Proposal>, config:
         let Some(first) = rx.recv().await else {
             return;
         };
-        let mut bytes = size(&first.command);
-        let mut proposals = vec![first];
-        while proposals.len() < config.max_commands && bytes < config.max_bytes {
+        let mut batch = Batch::new(first, config, &queued);
+        while batch.has_room() {
             match rx.try_recv() {
-                Ok(p) => {
-                    bytes = bytes.saturating_add(size(&p.command));
-                    proposals.push(p);
-                }
+                Ok(p) => batch.push(p),
                 Err(_) => break,
             }
         }
+        let want = expected.load(Ordering::Relaxed).min(config.max_commands);
+        if batch.len() < want && !config.gather.is_zero() && backoff.may_wait() {
+            let filled = gather(&mut batch, &mut rx, want, config.gather).await;
+            backoff.waited(filled);
+        }
         let raft = raft.clone();
+        let expected = Arc::clone(&expected);
+        let queued = queued.clone();
         tokio::spawn(async move {
-            let (commands, answers): (Vec<_>, Vec<_>) =
-                proposals.into_iter().map(|p| (p.command, p.reply)).unzip();
+            let (commands, answers): (Vec<_>, Vec<_>) = batch
+                .proposals
+                .into_iter()
+                .map(|p| (p.command, p.reply))
+                .unzip();
             let count = commands.len();
             let outcome = raft.client_write(commands).await;
+            // Read before the answers go out: a client answered here
+            // cannot have proposed again yet.
+            expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
             drop(slot);
             match outcome {
                 Ok(r) => match r.data {
@@ -174,6 +204,70 @@ async fn batch(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<Proposal>, config:
                 }
             }
         });
+    }
+}
+
+/// Adds proposals to `batch` as they arrive until it holds `want`, is
+/// full, or `wait` passed. False if the time ran out.
+async fn gather(
+    batch: &mut Batch,
+    rx: &mut mpsc::Receiver<Proposal>,
+    want: usize,
+    wait: Duration,
+) -> bool {
+    // Tokio's timers count whole milliseconds; a blocking thread's timed
+    // wait keeps the microseconds, and ends early when `_cancel` is
+    // dropped (a runtime shutting down waits for its blocking threads).
+    let (_cancel, cancelled) = std::sync::mpsc::channel::<()>();
+    let mut timer = tokio::task::spawn_blocking(move || {
+        let _ = cancelled.recv_timeout(wait);
+    });
+    while batch.len() < want && batch.has_room() {
+        tokio::select! {
+            biased;
+            p = rx.recv() => match p {
+                Some(p) => batch.push(p),
+                None => return true,
+            },
+            _ = &mut timer => return false,
+        }
+    }
+    true
+}
+
+/// The proposals of one entry, within the config's bounds.
+struct Batch {
+    proposals: Vec<Proposal>,
+    bytes: usize,
+    config: ProposerConfig,
+    /// The proposer's count of proposals not yet taken.
+    queued: Queued,
+}
+
+impl Batch {
+    fn new(first: Proposal, config: ProposerConfig, queued: &Queued) -> Batch {
+        let mut batch = Batch {
+            proposals: Vec::new(),
+            bytes: 0,
+            config,
+            queued: queued.clone(),
+        };
+        batch.push(first);
+        batch
+    }
+
+    fn push(&mut self, p: Proposal) {
+        self.queued.taken();
+        self.bytes = self.bytes.saturating_add(size(&p.command));
+        self.proposals.push(p);
+    }
+
+    fn len(&self) -> usize {
+        self.proposals.len()
+    }
+
+    fn has_room(&self) -> bool {
+        self.proposals.len() < self.config.max_commands && self.bytes < self.config.max_bytes
     }
 }
 

@@ -104,6 +104,16 @@ impl SingleNode {
         snapshot_dir: &Path,
         store: Arc<Store>,
     ) -> Result<SingleNode, SingleNodeError> {
+        Self::start_with(log_dir, snapshot_dir, store, ProposerConfig::default()).await
+    }
+
+    /// [`SingleNode::start`], batching proposals as `proposer` says.
+    pub async fn start_with(
+        log_dir: &Path,
+        snapshot_dir: &Path,
+        store: Arc<Store>,
+        proposer: ProposerConfig,
+    ) -> Result<SingleNode, SingleNodeError> {
         let (log, _) = Log::open(log_dir, LogConfig::default())?;
         let sm = StateMachine::new(store, snapshot_dir)?;
         let config = Config {
@@ -134,7 +144,7 @@ impl SingleNode {
             .current_leader(ID, "this node leads its cluster of one")
             .await
             .map_err(|e| SingleNodeError::Raft(e.to_string()))?;
-        let proposer = Proposer::new(raft.clone(), ProposerConfig::default());
+        let proposer = Proposer::new(raft.clone(), proposer);
         Ok(SingleNode { raft, proposer })
     }
 

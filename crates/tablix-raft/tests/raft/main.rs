@@ -13,6 +13,7 @@ mod trust;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::storage::{
     RaftLogReader, RaftLogStorage, RaftLogStorageExt, RaftSnapshotBuilder, RaftStateMachine,
@@ -23,7 +24,7 @@ use openraft::{
     StoredMembership, Vote,
 };
 use tablix_log::{Log, LogConfig};
-use tablix_raft::{LogStore, Node, NodeId, StateMachine, TypeConfig};
+use tablix_raft::{LogStore, Node, NodeId, SingleNode, StateMachine, TypeConfig};
 use tablix_store::{
     CommandReply, EntryReply, LogKeeper, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped,
     Statement, StatementResult, Store, StoreConfig, StoreError, Value,
@@ -508,5 +509,96 @@ fn concurrent_proposals_share_entries_and_each_gets_its_own_reply() {
             Ok(node) => node.shutdown().await.unwrap(),
             Err(_) => panic!("a client still holds the node"),
         }
+    });
+}
+
+/// A cluster of one in `dir` whose entries wait up to `gather` for the
+/// proposals they expect.
+async fn gathering_node(dir: &Path, store: &Arc<Store>, gather: Duration) -> Arc<SingleNode> {
+    let config = tablix_raft::ProposerConfig {
+        gather,
+        ..tablix_raft::ProposerConfig::default()
+    };
+    let node = SingleNode::start_with(
+        &dir.join("raft-log"),
+        &dir.join("snapshots"),
+        Arc::clone(store),
+        config,
+    )
+    .await
+    .unwrap();
+    Arc::new(node)
+}
+
+/// Proposes `statement` with a stamp of its own.
+async fn propose_sql(node: &SingleNode, seed: u64, statement: &str) {
+    let stamp = Stamp {
+        unix_nanos: 1,
+        seed,
+    };
+    node.propose(Stamped::new(stamp, sql(&[statement])))
+        .await
+        .unwrap();
+}
+
+async fn shut(node: Arc<SingleNode>) {
+    match Arc::try_unwrap(node) {
+        Ok(node) => node.shutdown().await.unwrap(),
+        Err(_) => panic!("a client still holds the node"),
+    }
+}
+
+#[test]
+fn an_entry_waits_for_the_clients_the_last_one_answered_and_a_lone_client_never_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let store = open_store(dir.path());
+        // A wait far longer than the whole run: a lone client's proposal
+        // that waited for more would time the run out.
+        let node = gathering_node(dir.path(), &store, Duration::from_secs(60)).await;
+        propose_sql(&node, 1, "CREATE TABLE t(x)").await;
+        let lone = async {
+            for i in 0..20 {
+                propose_sql(&node, 2 + i, &format!("INSERT INTO t VALUES ({i})")).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), lone)
+            .await
+            .expect("a lone client's proposals waited for others");
+        shut(node).await;
+
+        // Eight clients that each pause after their answer before proposing
+        // again: without waiting for them, entries leave with whoever
+        // happened to be back. (When the first client is done, the entry
+        // that expected it waits out its second.)
+        let node = gathering_node(dir.path(), &store, Duration::from_secs(1)).await;
+        const CLIENTS: u64 = 8;
+        const ROUNDS: u64 = 25;
+        let before = store.applied_state().unwrap().applied.unwrap().index;
+        let mut clients = tokio::task::JoinSet::new();
+        for c in 0..CLIENTS {
+            let node = Arc::clone(&node);
+            clients.spawn(async move {
+                for r in 0..ROUNDS {
+                    let seed = 100 + c * ROUNDS + r;
+                    propose_sql(&node, seed, &format!("INSERT INTO t VALUES ({c})")).await;
+                    let pause = 1 + (c + r) % 3;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            });
+        }
+        while let Some(done) = clients.join_next().await {
+            done.unwrap();
+        }
+        let entries = store.applied_state().unwrap().applied.unwrap().index - before;
+        assert!(
+            entries <= ROUNDS + 10,
+            "{CLIENTS} clients' {ROUNDS} rounds took {entries} entries"
+        );
+        assert_eq!(
+            rows(&store, "SELECT count(*) FROM t"),
+            vec![vec![Value::Integer((20 + CLIENTS * ROUNDS) as i64)]]
+        );
+        shut(node).await;
     });
 }
