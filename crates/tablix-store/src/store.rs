@@ -866,9 +866,8 @@ fn through<T: Send + 'static>(
                 CommandReply::Repeated => Err(StoreError::Replication(
                     "the Command was applied once already (sent again after a leader change); its reply is lost".into(),
                 )),
-                // Shown only when it is not the kind asked for: a reply's
-                // rows can be large, and formatting every reply took about
-                // 1% of a leader's time under 64 clients.
+                // Formatted only when it is not the kind asked for: a
+                // reply carries its result rows, however many.
                 other => pick(other).map_err(|other| {
                     StoreError::Replication(format!("a Command was answered {other:?}"))
                 }),
