@@ -128,11 +128,21 @@ fn make_file(name: &str) -> ReplicatedCommand {
 }
 
 /// A cluster of one in `dir`, applying to `store`.
-async fn single_node(dir: &Path, store: &Arc<Store>) -> tablix_raft::SingleNode {
-    tablix_raft::SingleNode::start(
+async fn single_node(dir: &Path, store: &Arc<Store>) -> SingleNode {
+    single_node_with(dir, store, tablix_raft::ProposerConfig::default()).await
+}
+
+/// [`single_node`], batching proposals as `proposer` says.
+async fn single_node_with(
+    dir: &Path,
+    store: &Arc<Store>,
+    proposer: tablix_raft::ProposerConfig,
+) -> SingleNode {
+    SingleNode::start_with(
         &dir.join("raft-log"),
         &dir.join("snapshots"),
         Arc::clone(store),
+        proposer,
     )
     .await
     .unwrap()
@@ -505,10 +515,7 @@ fn concurrent_proposals_share_entries_and_each_gets_its_own_reply() {
             rows(&store, "SELECT count(*) FROM t"),
             vec![vec![Value::Integer(CLIENTS)]]
         );
-        match Arc::try_unwrap(node) {
-            Ok(node) => node.shutdown().await.unwrap(),
-            Err(_) => panic!("a client still holds the node"),
-        }
+        shut(node).await;
     });
 }
 
@@ -519,15 +526,7 @@ async fn gathering_node(dir: &Path, store: &Arc<Store>, gather: Duration) -> Arc
         gather,
         ..tablix_raft::ProposerConfig::default()
     };
-    let node = SingleNode::start_with(
-        &dir.join("raft-log"),
-        &dir.join("snapshots"),
-        Arc::clone(store),
-        config,
-    )
-    .await
-    .unwrap();
-    Arc::new(node)
+    Arc::new(single_node_with(dir, store, config).await)
 }
 
 /// Proposes `statement` with a stamp of its own.
@@ -541,6 +540,7 @@ async fn propose_sql(node: &SingleNode, seed: u64, statement: &str) {
         .unwrap();
 }
 
+/// Stops `node`, which no client may still hold.
 async fn shut(node: Arc<SingleNode>) {
     match Arc::try_unwrap(node) {
         Ok(node) => node.shutdown().await.unwrap(),
