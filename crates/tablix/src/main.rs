@@ -13,6 +13,12 @@ mod scrub;
 mod sql;
 mod up;
 
+/// The HTTP path's per-request allocations (hyper's read buffers of 8 KiB
+/// and more) cost a cluster leader a sixth of its CPU under glibc's
+/// allocator (ARCHITECTURE.md, `crates/tablix`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::Parser;
