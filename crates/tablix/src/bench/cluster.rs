@@ -336,6 +336,22 @@ fn inserts(http: &str, clients: usize, seconds: f64) -> anyhow::Result<Load> {
     })
 }
 
+/// Writes back what the previous run left dirty and lets the machine
+/// quiet down, so that no run pays for the one before it (the kernel's
+/// writeback of another system's data would fall into it).
+fn settle() {
+    nix::unistd::sync();
+    std::thread::sleep(Duration::from_secs(1));
+}
+
+/// The round whose rate is the median (the lower middle one of an even
+/// count), with its own latencies.
+fn median_load(mut rounds: Vec<Load>) -> Option<Load> {
+    rounds.sort_by(|x, y| x.rate.total_cmp(&y.rate));
+    let middle = rounds.len().checked_sub(1)? / 2;
+    Some(rounds.swap_remove(middle))
+}
+
 fn create_table(http: &str) -> anyhow::Result<()> {
     execute(
         http,
@@ -446,13 +462,17 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         batches.push(("sqlite3".into(), times));
     }
 
-    // Inserts: (system, nodes) -> one Load per client count.
+    // Inserts: (system, nodes) -> one Load per client count. Both
+    // systems' clusters of a size run side by side and take turns in each
+    // round, so that a drift of the machine's speed during the run falls
+    // on both.
     let mut loads: Vec<(System, u64, Vec<Load>)> = Vec::new();
     let mut failovers: Vec<(System, f64)> = Vec::new();
     for n in [1u64, 3] {
+        let mut clusters = Vec::new();
         for &system in &systems {
             eprintln!("measuring {} with {n} node(s)", system.name());
-            let mut nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
+            let nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
             let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
             let http = nodes[leader].http.clone();
             if run_batches {
@@ -472,10 +492,22 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
                 batches.push((format!("{} {n} node(s)", system.name()), times));
             }
             create_table(&http)?;
-            let mut per = Vec::new();
-            for &c in &a.clients {
-                per.push(inserts(&http, c, a.seconds)?);
+            clusters.push((system, nodes, http));
+        }
+        let mut per: Vec<Vec<Load>> = clusters.iter().map(|_| Vec::new()).collect();
+        for &c in &a.clients {
+            let mut rounds: Vec<Vec<Load>> = clusters.iter().map(|_| Vec::new()).collect();
+            for _ in 0..a.repeat {
+                for (k, (_, _, http)) in clusters.iter().enumerate() {
+                    settle();
+                    rounds[k].push(inserts(http, c, a.seconds)?);
+                }
             }
+            for (k, r) in rounds.into_iter().enumerate() {
+                per[k].push(median_load(r).context("no insert round ran")?);
+            }
+        }
+        for ((system, mut nodes, _), per) in clusters.into_iter().zip(per) {
             loads.push((system, n, per));
             if n == 3 {
                 failovers.push((system, failover(&mut nodes)?));
@@ -528,8 +560,9 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         println!();
     }
     println!(
-        "concurrent single-row inserts through the leader's /db/execute, {} s per run, on {}",
+        "concurrent single-row inserts through the leader's /db/execute, {} s per run, the median of {} round(s), on {}",
         a.seconds,
+        a.repeat,
         dir.display()
     );
     println!(
@@ -582,4 +615,33 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Load, median_load};
+
+    fn load(rate: f64, p50_ms: f64) -> Load {
+        Load {
+            rate,
+            p50_ms,
+            p99_ms: p50_ms * 2.0,
+        }
+    }
+
+    #[test]
+    fn the_median_round_is_reported_with_its_own_latencies() {
+        let m = median_load(vec![load(300.0, 3.0), load(100.0, 1.0), load(200.0, 2.0)])
+            .expect("three rounds");
+        assert_eq!((m.rate, m.p50_ms, m.p99_ms), (200.0, 2.0, 4.0));
+        let even = median_load(vec![
+            load(40.0, 4.0),
+            load(10.0, 1.0),
+            load(30.0, 3.0),
+            load(20.0, 2.0),
+        ])
+        .expect("four rounds");
+        assert_eq!(even.rate, 20.0, "the lower middle of an even count");
+        assert!(median_load(Vec::new()).is_none());
+    }
 }
