@@ -13,9 +13,9 @@ mod scrub;
 mod sql;
 mod up;
 
-/// The HTTP path's per-request allocations (hyper's read buffers of 8 KiB
-/// and more) cost a cluster leader a sixth of its CPU under glibc's
-/// allocator (ARCHITECTURE.md, `crates/tablix`).
+/// Under glibc's allocator a cluster leader spent a sixth of its CPU in
+/// `malloc` and `free`, the largest part under the HTTP path's per-request
+/// read buffers (ARCHITECTURE.md, `crates/tablix`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
