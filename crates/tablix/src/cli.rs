@@ -673,7 +673,7 @@ pub struct ClusterBenchArgs {
     pub clients: Vec<usize>,
     /// Insert rounds per client count, the systems taking turns in each;
     /// the run with the median rate is reported.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=100))]
     pub repeat: u64,
     /// Files in the synthetic source tree unpacked on the mount (0: skip;
     /// the mounts need root).
