@@ -469,30 +469,36 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
     let mut loads: Vec<(System, u64, Vec<Load>)> = Vec::new();
     let mut failovers: Vec<(System, f64)> = Vec::new();
     for n in [1u64, 3] {
+        // Every system's cluster is up before any is measured, so each
+        // runs beside the same idle neighbours.
         let mut clusters = Vec::new();
         for &system in &systems {
-            eprintln!("measuring {} with {n} node(s)", system.name());
+            eprintln!("starting {} with {n} node(s)", system.name());
             let nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
             let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
             let http = nodes[leader].http.clone();
+            clusters.push((system, nodes, http));
+        }
+        for (system, _, http) in &clusters {
+            let (system, http) = (*system, http.as_str());
+            eprintln!("measuring {} with {n} node(s)", system.name());
             if run_batches {
                 let mut times = Vec::new();
                 for (w, script) in workloads.iter().zip(&scripts) {
                     for statement in w.setup() {
-                        execute(&http, &statement)?;
+                        execute(http, &statement)?;
                     }
                     times.push(match system {
-                        System::Tablix => workloads::tablix(&http, script)?,
+                        System::Tablix => workloads::tablix(http, script)?,
                         System::Rqlite => {
                             let cli = rqlite_cli.as_deref().context("no rqlite shell")?;
-                            workloads::rqlite(cli, &http, script)?
+                            workloads::rqlite(cli, http, script)?
                         }
                     });
                 }
                 batches.push((format!("{} {n} node(s)", system.name()), times));
             }
-            create_table(&http)?;
-            clusters.push((system, nodes, http));
+            create_table(http)?;
         }
         let mut per: Vec<Vec<Load>> = clusters.iter().map(|_| Vec::new()).collect();
         for &c in &a.clients {
