@@ -43,6 +43,41 @@ pub struct Shell<W: Write> {
     /// Whether input is a batch (a file, arguments, standard input not
     /// a terminal): a schema change inside its transaction folds it.
     batch: bool,
+    /// Whether consecutive plain writes, or consecutive queries, may ride
+    /// in one request (a batch read whole: a file or arguments, never
+    /// lines as they arrive).
+    grouping: bool,
+    /// Statements of one kind waiting to be sent as one group, with the
+    /// line each began on.
+    pending: Vec<(String, usize)>,
+    pending_kind: Kind,
+}
+
+/// What may ride in a group with what.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    /// A write whose answer is only a count.
+    Write,
+    /// A query, which changes nothing.
+    Read,
+}
+
+/// Most statements a group carries, and most bytes of SQL text.
+const GROUP_STATEMENTS: usize = 128;
+const GROUP_BYTES: usize = 64 << 10;
+
+/// Whether `sql` may wait in a group, and in which: a write whose answer
+/// is only a count, or a query (SELECT, VALUES), which changes nothing
+/// and so may run again.
+fn groupable(sql: &str) -> Option<Kind> {
+    let w = words(sql);
+    match w.first().map(String::as_str) {
+        Some("INSERT" | "UPDATE" | "DELETE" | "REPLACE") if !w.iter().any(|x| x == "RETURNING") => {
+            Some(Kind::Write)
+        }
+        Some("SELECT" | "VALUES") => Some(Kind::Read),
+        _ => None,
+    }
 }
 
 /// A transaction the shell has open.
@@ -107,6 +142,9 @@ impl<W: Write> Shell<W> {
             timer: false,
             transaction: None,
             batch: true,
+            grouping: false,
+            pending: Vec::new(),
+            pending_kind: Kind::Write,
         }
     }
 
@@ -124,8 +162,20 @@ impl<W: Write> Shell<W> {
 
     /// Runs text (SQL statements and dot-commands, one per line) as a batch:
     /// stops at the first error and returns it.
+    ///
+    /// Consecutive plain writes outside a transaction travel as groups,
+    /// one request each, applied all or nothing: a group that fails is
+    /// sent again without the failing statement and what follows it, and
+    /// that statement then runs alone, so what is applied and what is
+    /// shown are what running them one at a time gives, with one round
+    /// trip (and one replicated entry) for many statements. Consecutive
+    /// queries travel as groups too; their answers are shown in order up
+    /// to the first error.
     pub fn run_batch(&mut self, text: &str) -> Result<(), ShellError> {
-        self.run_lines(text.split_inclusive('\n').map(|l| Ok(l.to_string())))
+        let was = std::mem::replace(&mut self.grouping, true);
+        let r = self.run_lines(text.split_inclusive('\n').map(|l| Ok(l.to_string())));
+        self.grouping = was;
+        r
     }
 
     /// Runs lines as a batch as they arrive (standard input read from a
@@ -147,6 +197,10 @@ impl<W: Write> Shell<W> {
                 let number = n + 1;
                 if !splitter.is_pending() {
                     began = number;
+                    if line.trim_start().starts_with('.') {
+                        // A dot-command may read what the group writes.
+                        self.flush_group()?;
+                    }
                 }
                 let statements = self
                     .feed(&mut splitter, &line)
@@ -154,8 +208,7 @@ impl<W: Write> Shell<W> {
                 let ended = !statements.is_empty();
                 for (i, sql) in statements.into_iter().enumerate() {
                     let at = if i == 0 { began } else { number };
-                    self.run_sql(&sql).map_err(|e| near(e, at))?;
-                    self.out.flush()?;
+                    self.statement(sql, at)?;
                 }
                 // What is left pending began on this line.
                 if ended {
@@ -163,8 +216,9 @@ impl<W: Write> Shell<W> {
                 }
             }
             if let Some(rest) = splitter.finish() {
-                self.run_sql(&rest).map_err(|e| near(e, began))?;
+                self.statement(rest, began)?;
             }
+            self.flush_group()?;
             if self.transaction.is_some() {
                 return Err(ShellError::Sql(
                     "input ended inside a transaction: BEGIN without COMMIT; nothing of it was applied"
@@ -174,9 +228,106 @@ impl<W: Write> Shell<W> {
             Ok(())
         })();
         if r.is_err() {
+            self.pending.clear();
             self.abandon();
         }
         r
+    }
+
+    /// Runs one statement of a batch begun on line `at`, or keeps it for
+    /// the group being gathered.
+    fn statement(&mut self, sql: String, at: usize) -> Result<(), ShellError> {
+        let kind =
+            groupable(&sql).filter(|_| self.grouping && !self.timer && self.transaction.is_none());
+        if let Some(kind) = kind {
+            if kind != self.pending_kind {
+                self.flush_group()?;
+                self.pending_kind = kind;
+            }
+            self.pending.push((sql, at));
+            let bytes: usize = self.pending.iter().map(|(s, _)| s.len()).sum();
+            if self.pending.len() >= GROUP_STATEMENTS || bytes >= GROUP_BYTES {
+                self.flush_group()?;
+            }
+            return Ok(());
+        }
+        self.flush_group()?;
+        self.run_sql(&sql).map_err(|e| near(e, at))?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    /// Sends the gathered writes. A group is one request in a
+    /// transaction; when statement k of it fails nothing of it was
+    /// applied, and the first k are sent again as a group of their own,
+    /// after which statement k runs alone: it fails there with its own
+    /// error (the batch stops, as it would have one statement at a time)
+    /// or, the state having changed meanwhile, succeeds and the rest
+    /// follows.
+    fn flush_group(&mut self) -> Result<(), ShellError> {
+        let group = std::mem::take(&mut self.pending);
+        if self.pending_kind == Kind::Read {
+            return self.flush_reads(&group);
+        }
+        let (mut start, mut end) = (0, group.len());
+        while start < group.len() {
+            if end - start == 1 {
+                self.one_at_a_time(&group[start..end])?;
+                (start, end) = (end, group.len());
+                continue;
+            }
+            let sqls: Vec<String> = group[start..end].iter().map(|(s, _)| s.clone()).collect();
+            let started = Instant::now();
+            let replies = self
+                .client
+                .request(&sqls, true)
+                .map_err(|e| near(e.into(), group[start].1))?;
+            self.timed(started)?;
+            match replies.iter().position(|r| matches!(r, Reply::Error(_))) {
+                None => {
+                    self.show(replies, false)?;
+                    (start, end) = (end, group.len());
+                }
+                Some(k) => end = start + k.max(1),
+            }
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+
+    /// Sends gathered queries as one request and shows their answers in
+    /// order, up to the first error. A request that fails whole (their
+    /// answers together past the daemon's result limit, a daemon gone)
+    /// is run again one query at a time: queries change nothing.
+    fn flush_reads(&mut self, group: &[(String, usize)]) -> Result<(), ShellError> {
+        let sqls: Vec<String> = group.iter().map(|(s, _)| s.clone()).collect();
+        let replies = match group.len() {
+            0 => Vec::new(),
+            1 => return self.one_at_a_time(group),
+            _ => match self.client.request(&sqls, false) {
+                Ok(r) => r,
+                Err(_) => return self.one_at_a_time(group),
+            },
+        };
+        let answered = replies.len();
+        for (reply, (_, at)) in replies.into_iter().zip(group) {
+            if let Reply::Error(e) = reply {
+                return Err(near(ShellError::Sql(e), *at));
+            }
+            self.show(vec![reply], false)?;
+        }
+        self.one_at_a_time(&group[answered.min(group.len())..])?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    fn one_at_a_time(&mut self, group: &[(String, usize)]) -> Result<(), ShellError> {
+        for (sql, at) in group {
+            self.send(std::slice::from_ref(sql), false)
+                .map_err(|e| near(e, *at))?;
+            self.out.flush()?;
+        }
+        Ok(())
     }
 
     /// Rolls back a transaction left open (at an error in a batch, at the
@@ -523,4 +674,31 @@ impl<W: Write> Shell<W> {
 
 fn sql_string(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Kind, groupable};
+
+    #[test]
+    fn only_count_answering_writes_and_queries_are_grouped() {
+        assert_eq!(groupable("INSERT INTO t VALUES (1);"), Some(Kind::Write));
+        assert_eq!(groupable("  update t set a = 1"), Some(Kind::Write));
+        assert_eq!(groupable("DELETE FROM t RETURNING *;"), None);
+        assert_eq!(
+            groupable("INSERT INTO t VALUES ('returning');"),
+            Some(Kind::Write)
+        );
+        assert_eq!(groupable("SELECT 1;"), Some(Kind::Read));
+        assert_eq!(groupable("VALUES (1), (2);"), Some(Kind::Read));
+        for other in [
+            "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x;",
+            "CREATE TABLE t(a);",
+            "BEGIN;",
+            "PRAGMA user_version;",
+            "-- only a comment",
+        ] {
+            assert_eq!(groupable(other), None, "{other}");
+        }
+    }
 }

@@ -548,7 +548,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
 
     if !batches.is_empty() {
         println!(
-            "the seed's batch workloads through each shell's batch mode, one statement at a time, seconds (ratio to sqlite3)"
+            "the seed's batch workloads through each shell's batch mode (sqlite3 and rqlite one statement at a time, tablix with consecutive writes and queries in groups), seconds (ratio to sqlite3)"
         );
         print!("{:<22}", "system");
         for w in &workloads {

@@ -424,6 +424,38 @@ fn the_shell_runs_batches_files_transactions_and_dumps() {
     .unwrap();
     let o = sql(&data, &["-f", file.to_str().unwrap()]);
     assert_eq!(text(&o).0, "from file\n", "{:?}", text(&o));
+    // A file's consecutive writes travel in groups (128 at most): one
+    // failing in the middle of a group leaves what running one statement
+    // at a time leaves, and the error names its own line.
+    let mut script = String::from("CREATE TABLE g(k INTEGER PRIMARY KEY);\n");
+    for k in 1..=200 {
+        script.push_str(&format!("INSERT INTO g VALUES ({k});\n"));
+    }
+    script.push_str("INSERT INTO g VALUES (150);\nINSERT INTO g VALUES (999);\n");
+    std::fs::write(&file, &script).unwrap();
+    let o = sql(&data, &["-f", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o)
+            .1
+            .contains("near line 202: UNIQUE constraint failed"),
+        "{:?}",
+        text(&o)
+    );
+    let o = sql(&data, &["-m", "list", "SELECT count(*), max(k) FROM g"]);
+    assert_eq!(text(&o).0, "200|200\n");
+    // Queries travel in groups too: answers in order, each after the
+    // writes before it, and none after the first error.
+    std::fs::write(
+        &file,
+        ".mode list\nSELECT count(*) FROM g;\nDELETE FROM g WHERE k > 100;\nSELECT count(*) FROM g;\nVALUES (1);\nSELECT * FROM nowhere;\nSELECT 'not reached';\n",
+    )
+    .unwrap();
+    let o = sql(&data, &["-f", file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let (out, err) = text(&o);
+    assert_eq!(out, "200\n100\n1\n", "{err}");
+    assert!(err.contains("near line 6: no such table: nowhere"), "{err}");
     let o = sql(&data, &["-m", "json", "SELECT k, b FROM t WHERE k = 1"]);
     assert_eq!(text(&o).0, "[{\"k\":1,\"b\":\"00ff\"}]\n");
     // .dump restores into another daemon and dumps the same again.
