@@ -277,12 +277,10 @@ impl<W: Write> Shell<W> {
                 continue;
             }
             let sqls: Vec<String> = group[start..end].iter().map(|(s, _)| s.clone()).collect();
-            let started = Instant::now();
             let replies = self
                 .client
                 .request(&sqls, true)
                 .map_err(|e| near(e.into(), group[start].1))?;
-            self.timed(started)?;
             match replies.iter().position(|r| matches!(r, Reply::Error(_))) {
                 None => {
                     self.show(replies, false)?;
@@ -300,23 +298,22 @@ impl<W: Write> Shell<W> {
     /// answers together past the daemon's result limit, a daemon gone)
     /// is run again one query at a time: queries change nothing.
     fn flush_reads(&mut self, group: &[(String, usize)]) -> Result<(), ShellError> {
+        if group.len() < 2 {
+            return self.one_at_a_time(group);
+        }
         let sqls: Vec<String> = group.iter().map(|(s, _)| s.clone()).collect();
-        let replies = match group.len() {
-            0 => Vec::new(),
-            1 => return self.one_at_a_time(group),
-            _ => match self.client.request(&sqls, false) {
-                Ok(r) => r,
-                Err(_) => return self.one_at_a_time(group),
-            },
+        let Ok(replies) = self.client.request(&sqls, false) else {
+            return self.one_at_a_time(group);
         };
-        let answered = replies.len();
+        let answered = replies.len().min(group.len());
         for (reply, (_, at)) in replies.into_iter().zip(group) {
             if let Reply::Error(e) = reply {
                 return Err(near(ShellError::Sql(e), *at));
             }
             self.show(vec![reply], false)?;
         }
-        self.one_at_a_time(&group[answered.min(group.len())..])?;
+        // Any query the daemon did not answer runs on its own.
+        self.one_at_a_time(&group[answered..])?;
         self.out.flush()?;
         Ok(())
     }
