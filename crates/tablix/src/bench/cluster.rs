@@ -9,13 +9,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use super::{answer, workloads};
+use super::{answer, load, workloads};
 use crate::cli::ClusterBenchArgs;
 
 /// A free loopback address (bound, then released).
@@ -280,57 +278,30 @@ struct Load {
 }
 
 fn inserts(http: &str, clients: usize, seconds: f64) -> anyhow::Result<Load> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let url = format!("http://{http}/db/execute");
-    let started = Instant::now();
-    let threads: Vec<_> = (0..clients)
-        .map(|c| {
-            let (stop, url) = (Arc::clone(&stop), url.clone());
-            std::thread::spawn(move || {
-                let agent = ureq::Agent::new_with_defaults();
-                let mut took = Vec::new();
-                let mut failed = 0u64;
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let body = format!(
-                        r#"[["INSERT INTO bench(v) VALUES (?)", {}]]"#,
-                        (c as u64) << 40 | i
-                    );
-                    let t = Instant::now();
-                    match post(&agent, &url, body) {
-                        Some(text) if answer::one_row_inserted(&text) => {
-                            took.push(t.elapsed().as_secs_f64());
-                        }
-                        _ => failed += 1,
-                    }
-                    i += 1;
-                }
-                (took, failed)
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs_f64(seconds));
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    let mut failed = 0;
-    for t in threads {
-        let (took, f) = t
-            .join()
-            .map_err(|_| anyhow::anyhow!("a client thread panicked"))?;
-        all.extend(took);
-        failed += f;
+    let seen = load::post_for(
+        http,
+        "/db/execute",
+        clients,
+        seconds,
+        |c, i| {
+            format!(
+                r#"[["INSERT INTO bench(v) VALUES (?)", {}]]"#,
+                (c as u64) << 40 | i
+            )
+        },
+        answer::one_row_inserted,
+    )?;
+    if seen.failed > 0 {
+        bail!("{} inserts failed", seen.failed);
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    if failed > 0 {
-        bail!("{failed} inserts failed");
-    }
+    let mut all = seen.took;
     all.sort_by(f64::total_cmp);
     let at = |q: f64| {
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
             .map_or(f64::NAN, |s| s * 1000.0)
     };
     Ok(Load {
-        rate: all.len() as f64 / elapsed,
+        rate: all.len() as f64 / seen.elapsed,
         p50_ms: at(0.50),
         p99_ms: at(0.99),
     })

@@ -8,6 +8,7 @@ mod fs;
 mod hits;
 mod hostile;
 mod insert;
+mod load;
 mod log;
 mod pcache;
 mod pipe;

@@ -19,7 +19,7 @@ use tablix_store::{
     Principal, SqlCommand, Stamp, Statement, StatementResult, Store, StoreConfig, TxKind, TxOutcome,
 };
 
-use super::median;
+use super::{load, median};
 use crate::cli::TpsBenchArgs;
 
 const SCHEMA: &str = "CREATE TABLE t1(a INTEGER PRIMARY KEY, b BLOB(16), c BLOB(16), d BLOB(400));
@@ -324,6 +324,16 @@ fn start_daemon(data: &Path) -> anyhow::Result<HttpDaemon> {
     Ok(HttpDaemon { child, addr })
 }
 
+/// Whether an answer's results report an error other than a conflict.
+fn failed(json: &serde_json::Value) -> Option<&str> {
+    json["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|r| r["error"].as_str())
+        .filter(|_| json["results"][0]["conflict"] != serde_json::Value::Bool(true))
+}
+
 /// Posts `statements` to `path`; the answer's results, failing on an
 /// answer that is not 200 or reports an error other than a conflict.
 fn post(agent: &ureq::Agent, url: &str, statements: &[&str]) -> anyhow::Result<serde_json::Value> {
@@ -335,14 +345,30 @@ fn post(agent: &ureq::Agent, url: &str, statements: &[&str]) -> anyhow::Result<s
         .body_mut()
         .read_to_string()?;
     let json: serde_json::Value = serde_json::from_str(&text)?;
-    if let Some(e) = json["results"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find_map(|r| r["error"].as_str())
-        && json["results"][0]["conflict"] != serde_json::Value::Bool(true)
-    {
+    if let Some(e) = failed(&json) {
         bail!("{e}");
+    }
+    Ok(json)
+}
+
+/// `post` on a load client's connection.
+async fn post_on(
+    conn: &mut load::Conn,
+    path: &str,
+    statements: &[&str],
+) -> anyhow::Result<serde_json::Value> {
+    let (status, body) = conn.post(path, serde_json::to_string(statements)?).await?;
+    let json: serde_json::Value = serde_json::from_slice(&body).with_context(|| {
+        format!(
+            "HTTP {status}, not JSON: {}",
+            String::from_utf8_lossy(&body)
+        )
+    })?;
+    if let Some(e) = failed(&json) {
+        bail!("{e}");
+    }
+    if status != 200 {
+        bail!("HTTP {status}: {json}");
     }
     Ok(json)
 }
@@ -364,7 +390,9 @@ enum Requests {
 }
 
 /// The HTTP API: each client begins, runs its five statements and
-/// commits, in requests as `shape` says, on a keep-alive connection.
+/// commits, in requests as `shape` says, on a keep-alive connection; the
+/// clients share one thread's event loop (`load.rs`), so that they take
+/// as little as they can of the two cores the daemon runs on.
 fn over_http(
     addr: &str,
     rows: u64,
@@ -374,63 +402,58 @@ fn over_http(
     shape: Requests,
 ) -> anyhow::Result<Rates> {
     let tally = Arc::new(Tally::default());
-    let url = format!("http://{addr}/db/request");
-    let u1 = url.clone();
-    clients(
-        rw,
-        ro,
-        seconds,
-        &tally,
-        move |_, stop, tally| {
-            let agent = ureq::Agent::new_with_defaults();
-            let sql = replace_sql(rows);
-            while !stop.load(Ordering::Relaxed) {
-                match http_transaction(&agent, &u1, shape, "BEGIN", &sql) {
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(seconds);
+    load::on_one_thread(rw + ro, |i| {
+        let tally = Arc::clone(&tally);
+        let mut conn = load::Conn::new(addr);
+        async move {
+            let (begin, sql) = if i < rw {
+                ("BEGIN", replace_sql(rows))
+            } else {
+                ("BEGIN READONLY", range_sql(rows))
+            };
+            while Instant::now() < until {
+                match http_transaction(&mut conn, shape, begin, &sql).await {
+                    Ok(_) if i >= rw => {
+                        tally.ro.fetch_add(1, Ordering::Relaxed);
+                    }
                     Ok(done) if done["results"][0]["committed"] == true => {
                         tally.rw.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(_) => {
                         tally.conflicts.fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(e) => tally.fail(e.to_string()),
+                    Err(e) => tally.fail(format!("{e:#}")),
                 }
             }
-        },
-        move |_, stop, tally| {
-            let agent = ureq::Agent::new_with_defaults();
-            let sql = range_sql(rows);
-            while !stop.load(Ordering::Relaxed) {
-                match http_transaction(&agent, &url, shape, "BEGIN READONLY", &sql) {
-                    Ok(_) => {
-                        tally.ro.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => tally.fail(e.to_string()),
-                }
-            }
-        },
-    )
+            Ok(())
+        }
+    })?;
+    tally.rates(started.elapsed().as_secs_f64())
 }
 
 /// One transaction over HTTP: `begin`, `sql` five times, COMMIT, in
 /// requests as `shape` says. Returns the COMMIT's answer.
-fn http_transaction(
-    agent: &ureq::Agent,
-    url: &str,
+async fn http_transaction(
+    conn: &mut load::Conn,
     shape: Requests,
     begin: &str,
     sql: &str,
 ) -> anyhow::Result<serde_json::Value> {
+    const PATH: &str = "/db/request";
     let id = match shape {
         Requests::PerStatement => {
-            let id = tx_of(&post(agent, url, &[begin])?)?;
+            let id = tx_of(&post_on(conn, PATH, &[begin]).await?)?;
+            let path = format!("{PATH}?tx={id}");
             for _ in 0..5 {
-                post(agent, &format!("{url}?tx={id}"), &[sql])?;
+                post_on(conn, &path, &[sql]).await?;
             }
             id
         }
-        Requests::Two => tx_of(&post(agent, url, &[begin, sql, sql, sql, sql, sql])?)?,
+        Requests::Two => tx_of(&post_on(conn, PATH, &[begin, sql, sql, sql, sql, sql]).await?)?,
     };
-    post(agent, &format!("{url}?tx={id}"), &["COMMIT"])
+    post_on(conn, &format!("{PATH}?tx={id}"), &["COMMIT"]).await
 }
 
 /// Creates the seed's table with `rows` rows through a daemon's API.
@@ -612,4 +635,26 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conflict_is_counted_apart_and_any_other_error_fails_the_run() {
+        let ok: serde_json::Value =
+            serde_json::from_str(r#"{"results":[{"committed":true}]}"#).unwrap();
+        let conflict: serde_json::Value = serde_json::from_str(
+            r#"{"results":[{"error":"conflict: row changed","conflict":true}]}"#,
+        )
+        .unwrap();
+        let error: serde_json::Value = serde_json::from_str(
+            r#"{"results":[{"rows_affected":1},{"error":"no such table: t1"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(failed(&ok), None);
+        assert_eq!(failed(&conflict), None);
+        assert_eq!(failed(&error), Some("no such table: t1"));
+    }
 }
