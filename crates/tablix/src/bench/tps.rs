@@ -334,24 +334,8 @@ fn failed(json: &serde_json::Value) -> Option<&str> {
         .filter(|_| json["results"][0]["conflict"] != serde_json::Value::Bool(true))
 }
 
-/// Posts `statements` to `path`; the answer's results, failing on an
-/// answer that is not 200 or reports an error other than a conflict.
-fn post(agent: &ureq::Agent, url: &str, statements: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let body = serde_json::to_string(statements)?;
-    let text = agent
-        .post(url)
-        .header("Content-Type", "application/json")
-        .send(body)?
-        .body_mut()
-        .read_to_string()?;
-    let json: serde_json::Value = serde_json::from_str(&text)?;
-    if let Some(e) = failed(&json) {
-        bail!("{e}");
-    }
-    Ok(json)
-}
-
-/// `post` on a load client's connection.
+/// Posts `statements` to `path` on `conn`; the answer's results, failing
+/// on an answer that is not 200 or reports an error other than a conflict.
 async fn post_on(
     conn: &mut load::Conn,
     path: &str,
@@ -458,16 +442,21 @@ async fn http_transaction(
 
 /// Creates the seed's table with `rows` rows through a daemon's API.
 fn load_http(addr: &str, rows: u64) -> anyhow::Result<()> {
-    let agent = ureq::Agent::new_with_defaults();
-    let url = format!("http://{addr}/db/execute?transaction");
-    let schema: Vec<&str> = SCHEMA.split(';').filter(|s| !s.trim().is_empty()).collect();
-    post(&agent, &url, &schema)?;
-    let mut from = 1;
-    while from <= rows {
-        let to = (from + LOAD_CHUNK - 1).min(rows);
-        post(&agent, &url, &[&load_sql(from, to)])?;
-        from = to + 1;
-    }
+    const PATH: &str = "/db/execute?transaction";
+    load::on_one_thread(1, |_| {
+        let mut conn = load::Conn::new(addr);
+        async move {
+            let schema: Vec<&str> = SCHEMA.split(';').filter(|s| !s.trim().is_empty()).collect();
+            post_on(&mut conn, PATH, &schema).await?;
+            let mut from = 1;
+            while from <= rows {
+                let to = (from + LOAD_CHUNK - 1).min(rows);
+                post_on(&mut conn, PATH, &[&load_sql(from, to)]).await?;
+                from = to + 1;
+            }
+            Ok(())
+        }
+    })?;
     Ok(())
 }
 
