@@ -1084,6 +1084,7 @@ impl ClusterNode {
         let (log, _) = Log::open(&config.log_dir, LogConfig::default())?;
         let sm = StateMachine::new(Arc::clone(&store), &config.snapshot_dir)?;
         let replies = sm.replies();
+        let committing = sm.committing();
         let raft_config = Config {
             cluster_name: "tablix".into(),
             heartbeat_interval: config.heartbeat_ms,
@@ -1107,10 +1108,11 @@ impl ClusterNode {
         )
         .await
         .map_err(raft_error)?;
+        let proposer = Proposer::new(raft.clone(), ProposerConfig::default(), committing);
         let shared = Arc::new(Shared {
             id: config.id,
             addr: advertise.clone(),
-            proposer: Proposer::new(raft.clone(), ProposerConfig::default()),
+            proposer,
             raft,
             transport,
             identity,

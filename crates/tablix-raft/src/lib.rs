@@ -16,6 +16,7 @@
 
 mod cluster;
 pub mod cluster_id;
+mod committing;
 mod gather;
 mod log_store;
 mod proposer;
@@ -31,6 +32,7 @@ pub use cluster::{
     ClusterConfig, ClusterError, ClusterHandle, ClusterNode, ClusterStatus, Freshness, JoinRequest,
     LOG_DIR, Member, NodeReport, ReadBarrier, RemoveRequest, SNAPSHOT_DIR, Start,
 };
+pub use committing::Committing;
 pub use log_store::LogStore;
 pub use proposer::{Committed, ProposeError, Proposer, ProposerConfig};
 pub use replies::RecentReplies;

@@ -5,9 +5,11 @@
 //! own; with one Command per entry a node pays a log sync per Command and
 //! concurrent clients gain nothing. The proposer is a group commit in
 //! front of it: a task takes every proposal waiting when an entry can be
-//! sent (at most [`ProposerConfig::in_flight`] entries are in openraft at
-//! once), makes them one entry, and hands each client its own Command's
-//! reply.
+//! sent (at most [`ProposerConfig::in_flight`] entries are in openraft and
+//! not yet committed at once), makes them one entry, and hands each client
+//! its own Command's reply. An entry stops counting once committed
+//! (`committing.rs`): the next one is logged and replicated while it is
+//! applied.
 //!
 //! An entry also waits, up to [`ProposerConfig::gather`], for the clients
 //! the previous entry just answered (`gather.rs` says why and when).
@@ -21,6 +23,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use tablix_store::{CommandReply, EntryReply, ReplicatedCommand, Stamped};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::committing::Committing;
 use crate::gather::{Backoff, DEFAULT_WAIT, Queued};
 use crate::types::{NodeId, TypeConfig};
 
@@ -50,7 +53,7 @@ pub struct ProposerConfig {
     /// An entry takes no more Commands once its encoding passes this many
     /// bytes (so it holds at most this plus one Command).
     pub max_bytes: usize,
-    /// Most entries proposed and not yet answered at once; proposals
+    /// Most entries proposed and not yet committed at once; proposals
     /// arriving meanwhile wait and form the next entry. One by default:
     /// openraft 0.9 syncs each entry appended while another is in flight
     /// on its own, and with two or four in flight 16 clients made fewer
@@ -99,10 +102,12 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the batching task on the current tokio runtime.
-    pub fn new(raft: Raft<TypeConfig>, config: ProposerConfig) -> Proposer {
+    /// `committing` is the state machine's ([`crate::StateMachine::committing`]):
+    /// it says when an entry is committed, which frees its slot.
+    pub fn new(raft: Raft<TypeConfig>, config: ProposerConfig, committing: Committing) -> Proposer {
         let (tx, rx) = mpsc::channel(config.queue.max(1));
         let queued = Queued::default();
-        tokio::spawn(batch(raft, rx, config, queued.clone()));
+        tokio::spawn(batch(raft, rx, config, queued.clone(), committing));
         Proposer { tx, queued }
     }
 
@@ -137,6 +142,7 @@ async fn batch(
     mut rx: mpsc::Receiver<Proposal>,
     config: ProposerConfig,
     queued: Queued,
+    committing: Committing,
 ) {
     let slots = Arc::new(Semaphore::new(config.in_flight.max(1)));
     // How many proposals the next entry expects: set as each entry is
@@ -167,6 +173,7 @@ async fn batch(
         let raft = raft.clone();
         let expected = Arc::clone(&expected);
         let queued = queued.clone();
+        let committing = committing.clone();
         tokio::spawn(async move {
             let (commands, answers): (Vec<_>, Vec<_>) = batch
                 .proposals
@@ -174,7 +181,26 @@ async fn batch(
                 .map(|p| (p.command, p.reply))
                 .unzip();
             let count = commands.len();
-            let outcome = raft.client_write(commands).await;
+            // The slot is free once the entry is committed (its apply
+            // began) or answered, whichever comes first.
+            let mut slot = Some(slot);
+            let outcome = match commands.first().map(|c| c.stamp.seed) {
+                Some(seed) => {
+                    let mut committed = committing.expect(seed);
+                    let write = raft.client_write(commands);
+                    tokio::pin!(write);
+                    let outcome = tokio::select! {
+                        o = &mut write => o,
+                        Ok(()) = &mut committed => {
+                            slot = None;
+                            write.await
+                        }
+                    };
+                    committing.forget(seed);
+                    outcome
+                }
+                None => raft.client_write(commands).await,
+            };
             // Read before the answers go out: a client answered here
             // cannot have proposed again yet.
             expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);

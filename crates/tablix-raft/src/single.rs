@@ -116,6 +116,7 @@ impl SingleNode {
     ) -> Result<SingleNode, SingleNodeError> {
         let (log, _) = Log::open(log_dir, LogConfig::default())?;
         let sm = StateMachine::new(store, snapshot_dir)?;
+        let committing = sm.committing();
         let config = Config {
             cluster_name: "tablix".into(),
             election_timeout_min: 150,
@@ -144,7 +145,7 @@ impl SingleNode {
             .current_leader(ID, "this node leads its cluster of one")
             .await
             .map_err(|e| SingleNodeError::Raft(e.to_string()))?;
-        let proposer = Proposer::new(raft.clone(), proposer);
+        let proposer = Proposer::new(raft.clone(), proposer, committing);
         Ok(SingleNode { raft, proposer })
     }
 
@@ -155,6 +156,12 @@ impl SingleNode {
         command: Stamped<ReplicatedCommand>,
     ) -> Result<CommandReply, ProposeError> {
         self.proposer.propose(command).await
+    }
+
+    /// The index of the last entry in this node's log (openraft's
+    /// metrics: updated once an append is done).
+    pub fn last_log_index(&self) -> Option<u64> {
+        self.raft.metrics().borrow().last_log_index
     }
 
     /// Stops openraft (the store stays open: its owner closes it).

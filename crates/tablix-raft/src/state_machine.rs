@@ -30,6 +30,7 @@ use openraft::{
 use tablix_store::{EntryReply, LogEntry, Store, StoreError};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
+use crate::committing::Committing;
 use crate::replies::RecentReplies;
 use crate::types::{Node, NodeId, TypeConfig};
 use crate::{from_log, to_log};
@@ -47,6 +48,8 @@ pub struct StateMachine {
     built: Arc<AtomicU64>,
     /// The replies of the Commands applied lately (shared by clones).
     replies: RecentReplies,
+    /// Told of each entry as its apply begins (the proposer's).
+    committing: Committing,
 }
 
 type Membership = StoredMembership<NodeId, Node>;
@@ -83,12 +86,18 @@ impl StateMachine {
             dir,
             built: Arc::new(AtomicU64::new(0)),
             replies: RecentReplies::default(),
+            committing: Committing::default(),
         })
     }
 
     /// The replies of the Commands this state machine applied lately.
     pub fn replies(&self) -> RecentReplies {
         self.replies.clone()
+    }
+
+    /// What tells this node's proposer that its entries are committed.
+    pub fn committing(&self) -> Committing {
+        self.committing.clone()
     }
 
     pub fn store(&self) -> &Arc<Store> {
@@ -233,6 +242,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Normal(batch) => batch.iter().map(|c| c.stamp.seed).collect(),
                 _ => Vec::new(),
             });
+            if let Some(first) = seeds.last().and_then(|s| s.first()) {
+                self.committing.applying(*first);
+            }
             let payload = match entry.payload {
                 EntryPayload::Blank => tablix_store::EntryPayload::Blank,
                 EntryPayload::Normal(batch) => tablix_store::EntryPayload::Commands(batch),

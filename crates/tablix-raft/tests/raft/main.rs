@@ -602,3 +602,64 @@ fn an_entry_waits_for_the_clients_the_last_one_answered_and_a_lone_client_never_
         shut(node).await;
     });
 }
+
+#[test]
+fn the_next_entry_is_logged_while_a_committed_one_is_still_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    runtime().block_on(async {
+        let store = open_store(dir.path());
+        let node = Arc::new(single_node(dir.path(), &store).await);
+        propose_sql(&node, 1, "CREATE TABLE t(x)").await;
+        let first = node.last_log_index().unwrap() + 1;
+        // An entry whose apply keeps the store's writer busy for seconds.
+        let slow = tokio::spawn({
+            let node = Arc::clone(&node);
+            async move {
+                propose_sql(
+                    &node,
+                    2,
+                    "INSERT INTO t SELECT count(*) FROM (WITH RECURSIVE c(x) AS \
+                     (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) SELECT x FROM c)",
+                )
+                .await
+            }
+        });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while node.last_log_index() < Some(first) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the slow entry was never logged"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A cluster of one commits an entry once its log holds it; give its
+        // apply a moment to begin.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let quick = tokio::spawn({
+            let node = Arc::clone(&node);
+            async move { propose_sql(&node, 3, "INSERT INTO t VALUES (-1)").await }
+        });
+        while node.last_log_index() < Some(first + 1) {
+            assert!(
+                !slow.is_finished(),
+                "the next entry was logged only once the slow one was answered"
+            );
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the next entry was never logged"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            !slow.is_finished(),
+            "the slow entry was answered before the next was logged: make it slower"
+        );
+        slow.await.unwrap();
+        quick.await.unwrap();
+        assert_eq!(
+            rows(&store, "SELECT count(*) FROM t"),
+            vec![vec![Value::Integer(2)]]
+        );
+        shut(node).await;
+    });
+}
