@@ -158,6 +158,28 @@ impl History {
     }
 }
 
+/// The seed a randomized test runs with: `TABLIX_JEPSEN_SEED` (decimal,
+/// or hexadecimal after `0x`) if set, else `default`. Panics, naming the
+/// variable, on a value that is not a nonzero 64-bit number (xorshift
+/// never leaves zero).
+pub fn seed_from_env(default: u64) -> u64 {
+    match std::env::var("TABLIX_JEPSEN_SEED") {
+        Ok(text) => parse_seed(&text).unwrap_or_else(|| {
+            panic!("TABLIX_JEPSEN_SEED={text:?} is not a nonzero 64-bit number (decimal or 0x...)")
+        }),
+        Err(_) => default,
+    }
+}
+
+fn parse_seed(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let seed = match text.strip_prefix("0x").or_else(|| text.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16).ok()?,
+        None => text.parse().ok()?,
+    };
+    (seed != 0).then_some(seed)
+}
+
 /// A small deterministic generator (xorshift): a test's choices follow
 /// from its printed seed.
 pub struct Rng(pub u64);
@@ -178,6 +200,17 @@ impl Rng {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_seed_is_read_in_decimal_or_hex_and_zero_or_junk_is_refused() {
+        assert_eq!(parse_seed("42"), Some(42));
+        assert_eq!(parse_seed(" 0x5eed "), Some(0x5eed));
+        assert_eq!(parse_seed("0X10"), Some(16));
+        assert_eq!(parse_seed("0"), None);
+        assert_eq!(parse_seed("0x"), None);
+        assert_eq!(parse_seed("seed"), None);
+        assert_eq!(parse_seed("0x1_0000_0000_0000_0000"), None);
+    }
 
     #[test]
     fn a_stale_read_after_a_write_returned_is_not_linearizable() {

@@ -8,7 +8,9 @@
 //! end every node holds the same state.
 //!
 //! `TABLIX_JEPSEN_SECONDS` sets how long the workload runs (default 3;
-//! `make jepsen` runs it for 120). The seed is fixed and printed.
+//! `make jepsen` runs it for 60). The seed is fixed and printed;
+//! `TABLIX_JEPSEN_SEED` replaces it (`make jepsen JEPSEN_ROUNDS=N` runs
+//! N rounds, each with a seed of its own).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,7 +74,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let seed: u64 = 0x5EED_1DEA_2026;
+    let seed = tablix_testkit::register::seed_from_env(0x5EED_1DEA_2026);
     eprintln!("jepsen: seed {seed:#x}, {seconds} s of workload");
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {

@@ -9,7 +9,9 @@
 //! and `tablix fsck` is clean on each.
 //!
 //! `TABLIX_JEPSEN_SECONDS` sets how long the workload runs (default 10;
-//! `make jepsen` runs it longer). The seed is fixed and printed.
+//! `make jepsen` runs it for 60). The seed is fixed and printed;
+//! `TABLIX_JEPSEN_SEED` replaces it (`make jepsen JEPSEN_ROUNDS=N` runs
+//! N rounds, each with a seed of its own).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -213,7 +215,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_while_daemons_are_ki
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let seed: u64 = 0x5EED_D1E5_2026;
+    let seed = tablix_testkit::register::seed_from_env(0x5EED_D1E5_2026);
     eprintln!("jepsen (daemons): seed {seed:#x}, {seconds} s of workload");
     let dir = tempfile::tempdir().unwrap();
     let nodes: Arc<Vec<Node>> = Arc::new(Node::three(dir.path()));
