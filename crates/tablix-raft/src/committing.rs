@@ -13,7 +13,9 @@
 //! with the first seed of every entry it is about to apply (a seed nobody
 //! registered, as on a follower, is a lookup and nothing more). A seed
 //! registered twice (a proposal sent again after a leader change) keeps
-//! the later registration; the earlier entry then waits for its answer.
+//! one registration: the entry that lost it frees its slot only when
+//! answered, and the other's may be freed by the first copy's apply, so
+//! at worst two entries are replicated at once for a while.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
