@@ -8,9 +8,10 @@
 //! entry and its successor, and the clients split into halves that take
 //! turns: 16 HTTP clients on three nodes rode entries of 8 on average. So
 //! an entry that holds fewer proposals than it expects waits up to a bound
-//! for the rest. It expects those the previous entry answered plus those
-//! that were waiting when it was answered; a lone client is therefore
-//! never delayed (its next proposal is all that is expected).
+//! for the rest. It expects those the previous entry carried plus those
+//! that were waiting when it was committed (the next entry may leave then,
+//! `committing.rs`) or answered; a lone client is therefore never delayed
+//! (its next proposal is all that is expected).
 //!
 //! A wait that runs out means the answered clients are slow to come back
 //! (the machine is busy, or they were not waiting to propose again):

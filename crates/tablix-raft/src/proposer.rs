@@ -192,6 +192,11 @@ async fn batch(
                     let outcome = tokio::select! {
                         o = &mut write => o,
                         Ok(()) = &mut committed => {
+                            // The next entry may leave now; it expects this
+                            // one's clients back as well as those waiting,
+                            // so that clients answered together propose
+                            // together (gather.rs).
+                            expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
                             slot = None;
                             write.await
                         }

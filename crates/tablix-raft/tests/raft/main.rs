@@ -570,15 +570,21 @@ fn an_entry_waits_for_the_clients_the_last_one_answered_and_a_lone_client_never_
         // Eight clients that each pause after their answer before proposing
         // again: without waiting for them, entries leave with whoever
         // happened to be back. (When the first client is done, the entry
-        // that expected it waits out its second.)
+        // that expected it waits out its second.) They start together,
+        // after one proposal each: clients that start one by one ride
+        // entries of their own until the waits gather them.
         let node = gathering_node(dir.path(), &store, Duration::from_secs(1)).await;
         const CLIENTS: u64 = 8;
         const ROUNDS: u64 = 25;
-        let before = store.applied_state().unwrap().applied.unwrap().index;
+        let started = Arc::new(tokio::sync::Barrier::new(CLIENTS as usize + 1));
         let mut clients = tokio::task::JoinSet::new();
         for c in 0..CLIENTS {
             let node = Arc::clone(&node);
+            let started = Arc::clone(&started);
             clients.spawn(async move {
+                propose_sql(&node, 50 + c, &format!("INSERT INTO t VALUES ({c})")).await;
+                started.wait().await;
+                started.wait().await;
                 for r in 0..ROUNDS {
                     let seed = 100 + c * ROUNDS + r;
                     propose_sql(&node, seed, &format!("INSERT INTO t VALUES ({c})")).await;
@@ -587,6 +593,9 @@ fn an_entry_waits_for_the_clients_the_last_one_answered_and_a_lone_client_never_
                 }
             });
         }
+        started.wait().await;
+        let before = store.applied_state().unwrap().applied.unwrap().index;
+        started.wait().await;
         while let Some(done) = clients.join_next().await {
             done.unwrap();
         }
@@ -597,7 +606,7 @@ fn an_entry_waits_for_the_clients_the_last_one_answered_and_a_lone_client_never_
         );
         assert_eq!(
             rows(&store, "SELECT count(*) FROM t"),
-            vec![vec![Value::Integer((20 + CLIENTS * ROUNDS) as i64)]]
+            vec![vec![Value::Integer((20 + CLIENTS * (ROUNDS + 1)) as i64)]]
         );
         shut(node).await;
     });
