@@ -158,6 +158,8 @@ async fn batch(
         let Some(first) = rx.recv().await else {
             return;
         };
+        // The entry is known to the state machine by its first Command.
+        let seed = first.command.stamp.seed;
         let mut batch = Batch::new(first, config, &queued);
         while batch.has_room() {
             match rx.try_recv() {
@@ -181,34 +183,29 @@ async fn batch(
                 .map(|p| (p.command, p.reply))
                 .unzip();
             let count = commands.len();
+            // Called before the answers go out, so a client answered here
+            // cannot have proposed again yet; also at commit, when the next
+            // entry may leave: clients answered together then still
+            // propose together (gather.rs).
+            let expect_next = || {
+                expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
+            };
             // The slot is free once the entry is committed (its apply
             // began) or answered, whichever comes first.
             let mut slot = Some(slot);
-            let outcome = match commands.first().map(|c| c.stamp.seed) {
-                Some(seed) => {
-                    let mut committed = committing.expect(seed);
-                    let write = raft.client_write(commands);
-                    tokio::pin!(write);
-                    let outcome = tokio::select! {
-                        o = &mut write => o,
-                        Ok(()) = &mut committed => {
-                            // The next entry may leave now; it expects this
-                            // one's clients back as well as those waiting,
-                            // so that clients answered together propose
-                            // together (gather.rs).
-                            expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
-                            slot = None;
-                            write.await
-                        }
-                    };
-                    committing.forget(seed);
-                    outcome
+            let mut committed = committing.expect(seed);
+            let write = raft.client_write(commands);
+            tokio::pin!(write);
+            let outcome = tokio::select! {
+                o = &mut write => o,
+                Ok(()) = &mut committed => {
+                    expect_next();
+                    slot = None;
+                    write.await
                 }
-                None => raft.client_write(commands).await,
             };
-            // Read before the answers go out: a client answered here
-            // cannot have proposed again yet.
-            expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
+            committing.forget(seed);
+            expect_next();
             drop(slot);
             match outcome {
                 Ok(r) => match r.data {

@@ -620,7 +620,8 @@ fn the_next_entry_is_logged_while_a_committed_one_is_still_applied() {
         let node = Arc::new(single_node(dir.path(), &store).await);
         propose_sql(&node, 1, "CREATE TABLE t(x)").await;
         let first = node.last_log_index().unwrap() + 1;
-        // An entry whose apply keeps the store's writer busy for seconds.
+        // An entry whose apply keeps the store's writer busy for most of a
+        // second (a debug build; longer under load).
         let slow = tokio::spawn({
             let node = Arc::clone(&node);
             async move {
