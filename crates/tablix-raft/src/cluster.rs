@@ -1060,6 +1060,56 @@ impl ClusterHandle {
     }
 }
 
+/// A node whose raft log is empty may come with a state built by the
+/// store's own log (a daemon that ran without cluster flags): it holds
+/// entries but no membership. Bootstrapping makes that state the
+/// cluster's first: its last entry gets this node as the only voter, and
+/// openraft starts from it as from a snapshot (its log purged up to that
+/// entry, a snapshot built for the nodes that join). A node that would
+/// join or resume with such a state is refused: joining replaces the
+/// state with the cluster's.
+fn adopt_own_state(
+    config: &ClusterConfig,
+    store: &Store,
+    identity: &ClusterIdentity,
+    advertise: &str,
+) -> Result<(), ClusterError> {
+    let state = store.applied_state()?;
+    let (Some(applied), None) = (state.applied, state.membership) else {
+        return Ok(());
+    };
+    let held = format!(
+        "this data directory holds the state of a tablix that ran without cluster flags (entries up to {})",
+        applied.index
+    );
+    match &config.start {
+        Start::Bootstrap => {
+            let members: BTreeMap<NodeId, Node> = [(config.id, Node::new(advertise))].into();
+            let stored = openraft::StoredMembership::new(
+                Some(crate::from_log::<NodeId>(applied)),
+                openraft::Membership::from(members),
+            );
+            let bytes = postcard::to_stdvec(&stored)
+                .map_err(|e| ClusterError::Membership(e.to_string()))?;
+            store.adopt_membership(&bytes)?;
+            if identity.get().is_none() {
+                identity.create()?;
+            }
+            tracing::info!(
+                "{held}: it is the new cluster's first state, with node {} its only voter",
+                config.id
+            );
+            Ok(())
+        }
+        Start::Join(peer) => Err(ClusterError::Membership(format!(
+            "{held}; a node joining {peer} takes that cluster's state, and this one would be lost. Join with an empty data directory, or start a cluster from this state with --bootstrap and join the other nodes to it"
+        ))),
+        Start::Resume => Err(ClusterError::Membership(format!(
+            "{held} and is no cluster's member: add --bootstrap to start a cluster from it, or --join ADDR with an empty data directory"
+        ))),
+    }
+}
+
 /// A running node.
 pub struct ClusterNode {
     shared: Arc<Shared>,
@@ -1082,6 +1132,9 @@ impl ClusterNode {
         let addr = listener.local_addr()?;
         let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
         let (log, _) = Log::open(&config.log_dir, LogConfig::default())?;
+        if log.last().is_none() {
+            adopt_own_state(&config, &store, &identity, &advertise)?;
+        }
         let sm = StateMachine::new(Arc::clone(&store), &config.snapshot_dir)?;
         let replies = sm.replies();
         let committing = sm.committing();

@@ -102,6 +102,29 @@ pub(crate) fn applied_state(conn: &Connection) -> rusqlite::Result<AppliedState>
     })
 }
 
+/// Records `membership` as that of the last entry the state holds, when
+/// the state holds entries of the store's own log and no membership: a
+/// state built without replication becomes the first state of a cluster.
+/// Returns that entry.
+pub(crate) fn adopt(conn: &Connection, membership: &[u8]) -> Result<LogId, StoreError> {
+    let state = applied_state(conn)?;
+    let applied = match (state.applied, state.membership) {
+        (Some(applied), None) => applied,
+        (None, _) => {
+            return Err(StoreError::Apply(
+                "the state holds no entry: a cluster starting from it needs none adopted".into(),
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(StoreError::Apply(
+                "the state is already a cluster's: it records a membership".into(),
+            ));
+        }
+    };
+    transaction(conn, |conn| record_membership(conn, membership))?;
+    Ok(applied)
+}
+
 fn record_membership(conn: &Connection, membership: &[u8]) -> rusqlite::Result<()> {
     conn.prepare_cached(
         "INSERT INTO main.tablix_meta(key, value) VALUES ('membership', ?1)

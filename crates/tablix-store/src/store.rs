@@ -447,6 +447,21 @@ impl Store {
         }
     }
 
+    /// Makes this state, built by the store's own command log (a daemon
+    /// without cluster flags), the first state of a cluster: records
+    /// `membership`, in replication's encoding, as the membership of the
+    /// last entry the state holds, and syncs it. Refused, changing
+    /// nothing, unless the state holds an entry and no membership (a
+    /// cluster's state always records one). Returns that entry.
+    pub fn adopt_membership(&self, membership: &[u8]) -> Result<crate::LogId, StoreError> {
+        // The write turn, as every writer of the state takes it.
+        let _turn = self.log.lock().map_err(|_| StoreError::Closed)?;
+        let fs = self.fs.lock().map_err(|_| StoreError::Closed)?;
+        let applied = crate::apply_log::adopt(fs.connection(), membership)?;
+        fs.sync_wal()?;
+        Ok(applied)
+    }
+
     /// The last entry the state holds and the membership recorded with
     /// it, as committed.
     pub fn applied_state(&self) -> Result<AppliedState, StoreError> {

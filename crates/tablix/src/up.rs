@@ -95,6 +95,40 @@ fn cluster_config(args: &UpArgs, data: &Path) -> anyhow::Result<Option<ClusterCo
     Ok(Some(config))
 }
 
+/// A data directory is either a plain daemon's (the store keeps its own
+/// command log) or a cluster node's (openraft keeps the log, the cluster's
+/// id is in `cluster-id`); starting one as the other would let its state
+/// part from its log. A cluster node's without cluster flags is refused.
+/// A plain daemon's started with cluster flags first replays its own log
+/// to the end (a store opened for replication never reads it), so that
+/// `--bootstrap` starts the cluster from everything it acknowledged, and
+/// a join or resume is refused with the state complete
+/// (`tablix_raft`'s `adopt_own_state`).
+fn settle_own_log(
+    config: &StoreConfig,
+    data: &Path,
+    cluster: Option<&ClusterConfig>,
+) -> anyhow::Result<()> {
+    let member = data.join(tablix_raft::cluster_id::FILE);
+    match cluster {
+        None if member.exists() => bail!(
+            "{} is the data directory of a node of a tablix cluster (it has {}): start it with its --node-id and --raft (and its --raft-cert, --raft-key and --raft-ca if it had them); without them its state would part from the cluster's",
+            data.display(),
+            member.display()
+        ),
+        Some(_) if !member.exists() && config.log_dir().is_dir() => {
+            let mut own = config.clone();
+            own.log_keeper = LogKeeper::Store;
+            let store = Store::open(own).context(
+                "replaying the command log of the daemon that ran here without cluster flags",
+            )?;
+            store.close()?;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Starts this node of the cluster and, when the daemon mounts, waits for
 /// a leader: mounting is a replicated write.
 async fn start_node(
@@ -221,6 +255,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     if let Some(probe) = kill_at_from_env()? {
         config.write_probe = probe;
     }
+    settle_own_log(&config, &data, cluster.as_ref())?;
     let store = Arc::new(Store::open(config)?);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

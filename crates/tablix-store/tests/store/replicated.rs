@@ -351,3 +351,41 @@ fn a_proposal_sent_again_in_a_later_entry_is_not_applied_twice() {
         Some(LogId { term: 1, index: 5 })
     );
 }
+
+#[test]
+fn a_state_of_the_stores_own_log_is_adopted_once_as_a_clusters_first_and_entries_follow_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // An empty state adopts nothing.
+    assert!(reopen(dir.path()).adopt_membership(b"m").is_err());
+    {
+        let store = Store::open(tablix_store::StoreConfig::new(dir.path())).unwrap();
+        store
+            .apply_sql(
+                stamp(1),
+                crate::sql(&["CREATE TABLE p(id INTEGER PRIMARY KEY, v)"]),
+            )
+            .unwrap();
+        store.close().unwrap();
+    }
+    let store = reopen(dir.path());
+    let own = store.applied_state().unwrap();
+    assert_eq!(own.membership, None);
+    let last = own.applied.expect("the own log's entries");
+    assert_eq!(store.adopt_membership(b"m").unwrap(), last);
+    let adopted = store.applied_state().unwrap();
+    assert_eq!(
+        (adopted.applied, adopted.membership.as_deref()),
+        (Some(last), Some(&b"m"[..]))
+    );
+    // A cluster's state is never adopted again.
+    assert!(store.adopt_membership(b"n").is_err());
+    assert_eq!(
+        store.applied_state().unwrap().membership.as_deref(),
+        Some(&b"m"[..])
+    );
+    store
+        .apply_entries(vec![insert_entry(last.index + 1)])
+        .wait()
+        .unwrap();
+    assert_eq!(values(&store), vec![last.index as i64 + 1]);
+}

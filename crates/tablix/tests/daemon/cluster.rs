@@ -596,3 +596,72 @@ fn the_shell_at_its_prompt_goes_on_with_another_node_when_its_node_dies() {
     d2.stop();
     d1.stop();
 }
+
+/// The rows of `q` on node `d`'s own state (read level none).
+fn local_rows(d: &Daemon, q: &str) -> serde_json::Value {
+    let mut r = crate::http()
+        .get(format!("http://{}/db/query", d.addr))
+        .query("q", q)
+        .query("level", "none")
+        .call()
+        .unwrap();
+    let v: serde_json::Value = r.body_mut().read_json().unwrap();
+    v["results"][0]["values"].clone()
+}
+
+#[test]
+fn a_daemon_without_cluster_flags_starts_a_cluster_from_its_data_and_no_data_changes_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft: Vec<String> = (0..2).map(|_| free_raft_addr()).collect();
+    // A daemon as the README starts it, killed once its second write is
+    // in its own log and before that write is applied.
+    let mut plain = Daemon::start_env(
+        &dir.path().join("data0"),
+        &[],
+        &[("TABLIX_KILL_AT", "synced:2")],
+    );
+    let r = plain.post("/db/execute", r#"["CREATE TABLE t(x)"]"#);
+    assert!(r["results"][0].get("error").is_none(), "{r}");
+    let _ = crate::http()
+        .post(format!("http://{}/db/execute", plain.addr))
+        .header("Content-Type", "application/json")
+        .send(r#"["INSERT INTO t VALUES (42)"]"#);
+    plain.die(true);
+    // Its data directory bootstraps a cluster with everything its log
+    // held.
+    let d1 = node(dir.path(), &raft, 0, &["--bootstrap"]);
+    assert_eq!(
+        rows(&d1, "SELECT x FROM t"),
+        vec![vec![serde_json::json!(42)]]
+    );
+    let r = d1.post("/db/execute", r#"["INSERT INTO t VALUES (43)"]"#);
+    assert_eq!(r["results"][0]["rows_affected"], 1, "{r}");
+    // A node that joins gets the state the cluster started from.
+    let d2 = node(dir.path(), &raft, 1, &["--join", &raft[0]]);
+    eventually("both rows on node 2", || {
+        local_rows(&d2, "SELECT x FROM t ORDER BY x") == serde_json::json!([[42], [43]])
+    });
+    // Another daemon's data never joins (it would be replaced), nor
+    // resumes as a member it never was.
+    let other = dir.path().join("other");
+    let d = Daemon::start(&other, &[]);
+    d.post("/db/execute", r#"["CREATE TABLE mine(x)"]"#);
+    d.stop();
+    let third = free_raft_addr();
+    for how in [vec!["--join", raft[0].as_str()], vec![]] {
+        let mut args = vec!["--node-id", "3", "--raft", third.as_str()];
+        args.extend(how.iter().copied());
+        let refused = Daemon::try_start(&other, &args).err().unwrap_or_default();
+        assert!(
+            refused.contains("ran without cluster flags"),
+            "{how:?}: {refused}"
+        );
+    }
+    // A member's data directory never runs without its cluster flags.
+    d2.stop();
+    let refused = Daemon::try_start(&dir.path().join("data1"), &[])
+        .err()
+        .unwrap_or_default();
+    assert!(refused.contains("node of a tablix cluster"), "{refused}");
+    d1.stop();
+}
