@@ -29,19 +29,19 @@ pub enum MountError {
         fstype: String,
         source_name: String,
     },
-    #[error("mount point {path}: {source}")]
+    #[error("mount point {path}: {cause}")]
     Access {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("clearing the stale mount at {path} failed: {reason}")]
     Stale { path: PathBuf, reason: String },
     #[error("preparing the file system failed: {0}")]
     Store(String),
-    #[error("mounting at {path} failed: {source}")]
+    #[error("mounting at {path} failed: {cause}")]
     Fuse {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -158,9 +158,9 @@ fn prepare(path: &Path) -> Result<PathBuf, MountError> {
 }
 
 fn prepare_clearing(path: &Path, attempts: usize) -> Result<PathBuf, MountError> {
-    let abs = std::path::absolute(path).map_err(|source| MountError::Access {
+    let abs = std::path::absolute(path).map_err(|cause| MountError::Access {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     // statfs always reaches a FUSE daemon; stat of the root may be
     // answered from the kernel's cached attributes even when the daemon
@@ -189,13 +189,13 @@ fn prepare_clearing(path: &Path, attempts: usize) -> Result<PathBuf, MountError>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(MountError::Missing(abs));
         }
-        Err(source) => return Err(MountError::Access { path: abs, source }),
+        Err(cause) => return Err(MountError::Access { path: abs, cause }),
         Ok(m) if !m.is_dir() => return Err(MountError::NotDirectory(abs)),
         Ok(_) => {}
     }
-    let canonical = abs.canonicalize().map_err(|source| MountError::Access {
+    let canonical = abs.canonicalize().map_err(|cause| MountError::Access {
         path: abs.clone(),
-        source,
+        cause,
     })?;
     if let Some(m) = mounted_at(&canonical)
         && m.fstype.starts_with("fuse")
@@ -251,9 +251,9 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         Arc::clone(&holders),
     );
     let session =
-        fuser::spawn_mount(fs, &mountpoint, &config).map_err(|source| MountError::Fuse {
+        fuser::spawn_mount(fs, &mountpoint, &config).map_err(|cause| MountError::Fuse {
             path: mountpoint.clone(),
-            source,
+            cause,
         })?;
     // Descriptors are matched to this mount by its id (see holders.rs).
     match mounted_at(&mountpoint) {
@@ -271,9 +271,9 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         std::thread::Builder::new()
             .name("tablix-fuse-inval".into())
             .spawn(move || crate::invalidate::run(rx, notifier, in_flight))
-            .map_err(|source| MountError::Fuse {
+            .map_err(|cause| MountError::Fuse {
                 path: mountpoint.clone(),
-                source,
+                cause,
             })?;
     }
     Ok(Mounted {
@@ -319,9 +319,9 @@ impl Mounted {
         if self.is_ended() {
             // Someone ran umount: the kernel ended the session and the
             // mount point is no longer ours to unmount.
-            return session.join().map_err(|source| MountError::Fuse {
+            return session.join().map_err(|cause| MountError::Fuse {
                 path: self.mountpoint.clone(),
-                source,
+                cause,
             });
         }
         match session.umount_and_join() {

@@ -4,12 +4,11 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    #[error("command log {path}: {op}: {source}")]
+    #[error("command log {path}: {op}: {cause}")]
     Io {
         path: PathBuf,
         op: &'static str,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// An entry the log holds failed its checksum when read back.
     #[error("command log {path}: entry {index} at byte {offset} is corrupt: {detail}")]
@@ -39,17 +38,17 @@ pub enum LogError {
 }
 
 impl LogError {
-    pub(crate) fn io(path: &std::path::Path, op: &'static str, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: &std::path::Path, op: &'static str, cause: std::io::Error) -> Self {
         LogError::Io {
             path: path.to_path_buf(),
             op,
-            source,
+            cause,
         }
     }
 
     /// Whether the failure is the disk being full.
     pub fn is_disk_full(&self) -> bool {
-        matches!(self, LogError::Io { source, .. }
-            if matches!(source.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
+        matches!(self, LogError::Io { cause, .. }
+            if matches!(cause.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded))
     }
 }

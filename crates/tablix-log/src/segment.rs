@@ -159,7 +159,7 @@ impl Segment {
             let raw: &[u8; RECORD_HEADER_BYTES] = raw.try_into().map_err(|_| LogError::Io {
                 path: path.clone(),
                 op: "scanning",
-                source: std::io::ErrorKind::InvalidData.into(),
+                cause: std::io::ErrorKind::InvalidData.into(),
             })?;
             if raw == &END {
                 break ScanEnd::Clean;
@@ -326,9 +326,7 @@ impl Segment {
         }
         let chunked = need.max(self.len + CHUNK_BYTES).div_ceil(CHUNK_BYTES) * CHUNK_BYTES;
         match self.zero_to(chunked) {
-            Err(LogError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::StorageFull =>
-            {
+            Err(LogError::Io { cause, .. }) if cause.kind() == std::io::ErrorKind::StorageFull => {
                 // Give back what the chunk's partial write took.
                 let _ = self.set_len(self.len);
                 let r = self.zero_to(need.div_ceil(PAGE_BYTES) * PAGE_BYTES);

@@ -118,19 +118,33 @@ impl ClusterConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("opening the raft log: {0}")]
-    Log(#[from] tablix_log::LogError),
-    #[error("{0}")]
+    Log(tablix_log::LogError),
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("the store: {0}")]
-    Store(#[from] StoreError),
-    #[error("{0}")]
+    Store(StoreError),
+    #[error(transparent)]
     Transport(#[from] TransportError),
     #[error("openraft: {0}")]
     Raft(String),
     #[error("{0}")]
     Membership(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Identity(#[from] IdentityError),
+}
+
+// By hand, not `#[from]`: the message already holds the cause's, which
+// must not come again as its source in a chain of causes.
+impl From<tablix_log::LogError> for ClusterError {
+    fn from(e: tablix_log::LogError) -> ClusterError {
+        ClusterError::Log(e)
+    }
+}
+
+impl From<StoreError> for ClusterError {
+    fn from(e: StoreError) -> ClusterError {
+        ClusterError::Store(e)
+    }
 }
 
 fn raft_error(e: impl std::fmt::Display) -> ClusterError {

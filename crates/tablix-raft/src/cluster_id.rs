@@ -27,10 +27,10 @@ pub enum IdentityError {
     Other { ours: String, theirs: String },
     #[error("{0:?} is not a cluster id (32 hexadecimal digits)")]
     Malformed(String),
-    #[error("keeping the cluster id in {path}: {source}")]
+    #[error("keeping the cluster id in {path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -56,9 +56,9 @@ fn well_formed(id: &str) -> bool {
 impl ClusterIdentity {
     /// The identity kept in `path`: the id the file holds, or none yet.
     pub fn load(path: &Path) -> Result<ClusterIdentity, IdentityError> {
-        let io = |source| IdentityError::Io {
+        let io = |cause| IdentityError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         };
         let id = match std::fs::read_to_string(path) {
             Ok(text) => {
@@ -124,9 +124,9 @@ impl ClusterIdentity {
             None => {}
         }
         if let Some(path) = &self.inner.path {
-            write_durably(path, theirs).map_err(|source| IdentityError::Io {
+            write_durably(path, theirs).map_err(|cause| IdentityError::Io {
                 path: path.clone(),
-                source,
+                cause,
             })?;
         }
         *id = Some(theirs.to_ascii_lowercase());

@@ -29,11 +29,19 @@ use crate::{LogStore, ProposeError, Proposer, ProposerConfig, StateMachine};
 #[derive(Debug, thiserror::Error)]
 pub enum SingleNodeError {
     #[error("opening the command log: {0}")]
-    Log(#[from] tablix_log::LogError),
-    #[error("{0}")]
+    Log(tablix_log::LogError),
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("openraft: {0}")]
     Raft(String),
+}
+
+// By hand, not `#[from]`: the message already holds the cause's, which
+// must not come again as its source in a chain of causes.
+impl From<tablix_log::LogError> for SingleNodeError {
+    fn from(e: tablix_log::LogError) -> SingleNodeError {
+        SingleNodeError::Log(e)
+    }
 }
 
 /// No peers: any request to another node is refused.

@@ -25,7 +25,7 @@ pub enum ShellError {
     /// The daemon could not be reached or refused the request.
     #[error(transparent)]
     Client(#[from] ClientError),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// `.quit`.
     #[error("quit")]

@@ -280,7 +280,7 @@ pub enum LoadError {
         "the database holds tablix's own tables (tablix_*): it is a tablix data directory's, not a backup of user tables; /db/load restores user tables, and a whole node is restored by copying its data directory"
     )]
     SystemTables,
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 

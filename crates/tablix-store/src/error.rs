@@ -102,10 +102,10 @@ impl From<tablix_log::LogError> for StoreError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("cannot create data directory {path}: {source}")]
+    #[error("cannot create data directory {path}: {cause}")]
     DataDir {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error(
         "data directory {path} is in use by another tablix daemon{}",
@@ -191,9 +191,9 @@ pub enum StoreError {
     /// As many interactive transactions are open as the daemon allows.
     #[error("{0}")]
     TooManyTransactions(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("{0}")]
+    #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
 }
 

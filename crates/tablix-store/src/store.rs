@@ -131,9 +131,9 @@ pub struct Store {
 /// 0711: others may reach the daemon's socket in it, not list it.)
 fn prepare_data_dir(config: &StoreConfig) -> Result<(), StoreError> {
     let dir = &config.data_dir;
-    let err = |source| StoreError::DataDir {
+    let err = |cause| StoreError::DataDir {
         path: dir.clone(),
-        source,
+        cause,
     };
     let db = config.database_path();
     for path in [
@@ -167,9 +167,9 @@ impl Store {
                 0o711,
             )
             .create(&config.data_dir)
-            .map_err(|source| StoreError::DataDir {
+            .map_err(|cause| StoreError::DataDir {
                 path: config.data_dir.clone(),
-                source,
+                cause,
             })?;
         }
         let lock = DirLock::acquire(&config.data_dir)?;
