@@ -1105,10 +1105,12 @@ fn adopt_own_state(
             );
             let bytes = postcard::to_stdvec(&stored)
                 .map_err(|e| ClusterError::Membership(e.to_string()))?;
-            store.adopt_membership(&bytes)?;
+            // The id first: a crash before the membership is recorded
+            // leaves a state this adopts again at the next start.
             if identity.get().is_none() {
                 identity.create()?;
             }
+            store.adopt_membership(&bytes)?;
             tracing::info!(
                 "{held}: it is the new cluster's first state, with node {} its only voter",
                 config.id

@@ -112,7 +112,7 @@ pub(crate) fn adopt(conn: &Connection, membership: &[u8]) -> Result<LogId, Store
         (Some(applied), None) => applied,
         (None, _) => {
             return Err(StoreError::Apply(
-                "the state holds no entry: a cluster starting from it needs none adopted".into(),
+                "the state holds no entry: there is nothing to adopt".into(),
             ));
         }
         (Some(_), Some(_)) => {
