@@ -260,6 +260,22 @@ pub struct FsApplied {
 pub(crate) type FsWatch =
     std::sync::Arc<std::sync::Mutex<Option<std::sync::mpsc::SyncSender<FsApplied>>>>;
 
+/// Hands `notes` to the watcher, if one listens.
+pub(crate) fn tell(watch: &FsWatch, notes: Vec<FsApplied>) {
+    if notes.is_empty() {
+        return;
+    }
+    let Ok(slot) = watch.lock() else { return };
+    let Some(tx) = slot.as_ref() else { return };
+    for note in notes {
+        if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(note) {
+            tracing::warn!(
+                "the mount's cache invalidations fall behind: one is dropped, and the kernel may show stale data until its cache times out"
+            );
+        }
+    }
+}
+
 /// Where entries are applied and under which bounds.
 pub(crate) struct Appliers<'a> {
     pub(crate) fs: &'a FsWriter,
@@ -270,8 +286,11 @@ pub(crate) struct Appliers<'a> {
     /// Most bytes of results one SQL group holds.
     pub(crate) budget: usize,
     pub(crate) probe: &'a WriteProbe,
-    /// Told each applied file-system Command, if set.
-    pub(crate) watch: Option<&'a FsWatch>,
+    /// Where what each applied file-system Command may have made stale
+    /// is gathered, if set, for [`tell`] once the entries are answered:
+    /// the watcher's thread, woken earlier, would take the CPU from the
+    /// writer before it answers.
+    pub(crate) notes: Option<&'a RefCell<Vec<FsApplied>>>,
     /// The proposals applied lately, when a repeat is not to be applied
     /// (replication's entries: a proposal may be sent again to a new
     /// leader; the store's own log never repeats one).
@@ -283,21 +302,15 @@ pub(crate) struct Appliers<'a> {
 
 impl Appliers<'_> {
     fn tell(&self, applied: &[&Stamped<FsOp>]) {
-        let Some(watch) = self.watch else { return };
-        let Ok(slot) = watch.lock() else { return };
-        let Some(tx) = slot.as_ref() else { return };
+        let Some(notes) = self.notes else { return };
+        let mut notes = notes.borrow_mut();
         for c in applied {
-            let note = FsApplied {
-                seed: c.stamp.seed,
-                touched: c.command.touched(),
-            };
-            if note.touched.is_empty() {
-                continue;
-            }
-            if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(note) {
-                tracing::warn!(
-                    "the mount's cache invalidations fall behind: one is dropped, and the kernel may show stale data until its cache times out"
-                );
+            let touched = c.command.touched();
+            if !touched.is_empty() {
+                notes.push(FsApplied {
+                    seed: c.stamp.seed,
+                    touched,
+                });
             }
         }
     }
