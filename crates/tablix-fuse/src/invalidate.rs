@@ -9,7 +9,7 @@
 //! kernel may wait on a page that a write in flight holds, and that write
 //! waits on the writer.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Mutex;
@@ -19,12 +19,25 @@ use fuser::{INodeNo, Notifier};
 use tablix_fs::Touched;
 use tablix_store::FsApplied;
 
-/// The stamps' seeds of the changes this mount has in flight, kept only
-/// on a cluster node (elsewhere no notice is ever sent, and a write's path
-/// pays nothing for it).
+/// The most changes of this mount remembered once answered: the store
+/// tells a change after answering it, so its note may come after the
+/// change left `in_flight`; a note comes within a few changes of its own.
+const RECENT: usize = 1024;
+
+/// The stamps' seeds of the changes this mount has in flight or answered
+/// lately, kept only on a cluster node (elsewhere no notice is ever sent,
+/// and a write's path pays nothing for it).
 pub(crate) struct InFlight {
     kept: bool,
-    seeds: Mutex<HashSet<u64>>,
+    seeds: Mutex<Seeds>,
+}
+
+#[derive(Default)]
+struct Seeds {
+    in_flight: HashSet<u64>,
+    /// Answered lately, oldest first, with the same seeds as a set.
+    recent: VecDeque<u64>,
+    recent_set: HashSet<u64>,
 }
 
 impl InFlight {
@@ -35,17 +48,26 @@ impl InFlight {
         }
     }
 
-    /// Runs `f` with `seed` marked as this mount's while it runs.
+    /// Runs `f` with `seed` marked as this mount's while it runs, and for
+    /// the next [`RECENT`] changes after.
     pub(crate) fn during<R>(&self, seed: u64, f: impl FnOnce() -> R) -> R {
         if !self.kept {
             return f();
         }
         if let Ok(mut s) = self.seeds.lock() {
-            s.insert(seed);
+            s.in_flight.insert(seed);
         }
         let r = f();
         if let Ok(mut s) = self.seeds.lock() {
-            s.remove(&seed);
+            s.in_flight.remove(&seed);
+            if s.recent_set.insert(seed) {
+                s.recent.push_back(seed);
+            }
+            while s.recent.len() > RECENT {
+                if let Some(old) = s.recent.pop_front() {
+                    s.recent_set.remove(&old);
+                }
+            }
         }
         r
     }
@@ -53,7 +75,7 @@ impl InFlight {
     fn contains(&self, seed: u64) -> bool {
         self.seeds
             .lock()
-            .map(|s| s.contains(&seed))
+            .map(|s| s.in_flight.contains(&seed) || s.recent_set.contains(&seed))
             .unwrap_or(false)
     }
 }
@@ -84,5 +106,28 @@ pub(crate) fn run(notes: Receiver<FsApplied>, notifier: Notifier, own: std::sync
                 Err(e) => tracing::debug!("invalidating {touched:?}: {e}"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_stays_this_mounts_while_it_runs_and_for_the_next_ones_after() {
+        let own = InFlight::new(true);
+        own.during(7, || assert!(own.contains(7), "in flight"));
+        assert!(
+            own.contains(7),
+            "answered a moment ago: its note may follow"
+        );
+        assert!(!own.contains(8));
+        for seed in 100..100 + RECENT as u64 {
+            own.during(seed, || ());
+        }
+        assert!(!own.contains(7), "forgotten after {RECENT} more");
+        assert!(own.contains(100) && own.contains(99 + RECENT as u64));
+        let elsewhere = InFlight::new(false);
+        elsewhere.during(1, || assert!(!elsewhere.contains(1)));
     }
 }
