@@ -266,11 +266,14 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     if replicated {
         // Changes this kernel did not see come from replication.
         let (tx, rx) = std::sync::mpsc::sync_channel(INVALIDATIONS_QUEUED);
-        store.watch_fs(tx);
+        // The store asks, before answering a Command, whether it came
+        // through this mount: those need no notice (the kernel saw them).
+        let own = Arc::clone(&in_flight);
+        store.watch_fs(tx, move |seed| own.contains(seed));
         let notifier = session.notifier();
         std::thread::Builder::new()
             .name("tablix-fuse-inval".into())
-            .spawn(move || crate::invalidate::run(rx, notifier, in_flight))
+            .spawn(move || crate::invalidate::run(rx, notifier))
             .map_err(|cause| MountError::Fuse {
                 path: mountpoint.clone(),
                 cause,

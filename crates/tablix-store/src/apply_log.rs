@@ -254,27 +254,17 @@ pub struct FsApplied {
     pub touched: Vec<tablix_fs::Touched>,
 }
 
+/// Who is told of applied file-system Commands: where the notes go, and
+/// which Commands need none (a mount's own, whose kernel saw them).
+pub(crate) struct Watcher {
+    pub(crate) tx: std::sync::mpsc::SyncSender<FsApplied>,
+    pub(crate) own: Box<dyn Fn(u64) -> bool + Send>,
+}
+
 /// Where the applied file-system Commands are told. Bounded: when the
 /// watcher falls behind, notes are dropped with a warning, never waited
 /// for: the writer must not wait on a kernel that may be waiting on it.
-pub(crate) type FsWatch =
-    std::sync::Arc<std::sync::Mutex<Option<std::sync::mpsc::SyncSender<FsApplied>>>>;
-
-/// Hands `notes` to the watcher, if one listens.
-pub(crate) fn tell(watch: &FsWatch, notes: Vec<FsApplied>) {
-    if notes.is_empty() {
-        return;
-    }
-    let Ok(slot) = watch.lock() else { return };
-    let Some(tx) = slot.as_ref() else { return };
-    for note in notes {
-        if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(note) {
-            tracing::warn!(
-                "the mount's cache invalidations fall behind: one is dropped, and the kernel may show stale data until its cache times out"
-            );
-        }
-    }
-}
+pub(crate) type FsWatch = std::sync::Arc<std::sync::Mutex<Option<Watcher>>>;
 
 /// Where entries are applied and under which bounds.
 pub(crate) struct Appliers<'a> {
@@ -286,11 +276,8 @@ pub(crate) struct Appliers<'a> {
     /// Most bytes of results one SQL group holds.
     pub(crate) budget: usize,
     pub(crate) probe: &'a WriteProbe,
-    /// Where what each applied file-system Command may have made stale
-    /// is gathered, if set, for [`tell`] once the entries are answered:
-    /// the watcher's thread, woken earlier, would take the CPU from the
-    /// writer before it answers.
-    pub(crate) notes: Option<&'a RefCell<Vec<FsApplied>>>,
+    /// Told each applied file-system Command, if set.
+    pub(crate) watch: Option<&'a FsWatch>,
     /// The proposals applied lately, when a repeat is not to be applied
     /// (replication's entries: a proposal may be sent again to a new
     /// leader; the store's own log never repeats one).
@@ -302,15 +289,29 @@ pub(crate) struct Appliers<'a> {
 
 impl Appliers<'_> {
     fn tell(&self, applied: &[&Stamped<FsOp>]) {
-        let Some(notes) = self.notes else { return };
-        let mut notes = notes.borrow_mut();
+        let Some(watch) = self.watch else { return };
+        let Ok(slot) = watch.lock() else { return };
+        let Some(Watcher { tx, own }) = slot.as_ref() else {
+            return;
+        };
         for c in applied {
-            let touched = c.command.touched();
-            if !touched.is_empty() {
-                notes.push(FsApplied {
-                    seed: c.stamp.seed,
-                    touched,
-                });
+            // Asked before the Command is answered, while its mount still
+            // counts it in flight. Waking the watcher for it would only
+            // take the CPU from this thread before it answers.
+            if own(c.stamp.seed) {
+                continue;
+            }
+            let note = FsApplied {
+                seed: c.stamp.seed,
+                touched: c.command.touched(),
+            };
+            if note.touched.is_empty() {
+                continue;
+            }
+            if let Err(std::sync::mpsc::TrySendError::Full(_)) = tx.try_send(note) {
+                tracing::warn!(
+                    "the mount's cache invalidations fall behind: one is dropped, and the kernel may show stale data until its cache times out"
+                );
             }
         }
     }

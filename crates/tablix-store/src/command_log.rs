@@ -472,7 +472,7 @@ pub(crate) fn replay(
         limits: &limits,
         budget: config.max_result_bytes,
         probe: &config.write_probe,
-        notes: None,
+        watch: None,
         dedup: None,
         recorded: std::cell::RefCell::new(None),
     };

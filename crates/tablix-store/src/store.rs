@@ -414,10 +414,19 @@ impl Store {
 
     /// Tells `tx` of every file-system Command replication applies from
     /// now on (replacing whoever was told before), without waiting: a
-    /// note that finds `tx` full is dropped.
-    pub fn watch_fs(&self, tx: std::sync::mpsc::SyncSender<FsApplied>) {
+    /// note that finds `tx` full is dropped. A Command whose stamp's seed
+    /// `own` claims (asked on the writer's thread, before the Command is
+    /// answered) is not told.
+    pub fn watch_fs(
+        &self,
+        tx: std::sync::mpsc::SyncSender<FsApplied>,
+        own: impl Fn(u64) -> bool + Send + 'static,
+    ) {
         if let Ok(mut slot) = self.fs_watch.lock() {
-            *slot = Some(tx);
+            *slot = Some(crate::apply_log::Watcher {
+                tx,
+                own: Box::new(own),
+            });
         }
     }
 

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::apply_log::{
-    self, AppliedState, Appliers, EntryPayload, EntryReply, FsApplied, LogEntry,
-};
+use crate::apply_log::{self, AppliedState, Appliers, EntryPayload, EntryReply, LogEntry};
 use crate::budget::Limits;
 use crate::command::{ReplicatedCommand, SqlCommand, Stamped};
 use crate::command_log::{self, CommandLog, failure_of};
@@ -120,9 +118,7 @@ impl Writer {
                                 if !applies.is_empty() {
                                     self.commit_runs(std::mem::take(&mut applies));
                                 }
-                                let notes = std::cell::RefCell::new(Vec::new());
-                                let _ = reply.send(self.apply_entries(entries, &notes));
-                                apply_log::tell(&self.fs_watch, notes.into_inner());
+                                let _ = reply.send(self.apply_entries(entries));
                                 wrote = true;
                             }
                             Request::Install(path, reply) => {
@@ -441,13 +437,7 @@ impl Writer {
     /// after the last entry the state holds. A failure of the node stops the
     /// state machine: nothing more is applied until restart, and
     /// replication applies the rest again from its log then.
-    /// What the applied file-system Commands may have made stale is
-    /// gathered in `notes`, for the mount's watcher once they are answered.
-    fn apply_entries(
-        &mut self,
-        entries: Vec<LogEntry>,
-        notes: &std::cell::RefCell<Vec<FsApplied>>,
-    ) -> Result<Vec<EntryReply>, StoreError> {
+    fn apply_entries(&mut self, entries: Vec<LogEntry>) -> Result<Vec<EntryReply>, StoreError> {
         let n = entries.len() as u64;
         let sql = entries
             .iter()
@@ -505,11 +495,7 @@ impl Writer {
             limits: &limits,
             budget: self.config.max_result_bytes,
             probe: &probe,
-            notes: self
-                .fs_watch
-                .lock()
-                .is_ok_and(|w| w.is_some())
-                .then_some(notes),
+            watch: Some(&self.fs_watch),
             dedup: Some(&known),
             recorded: std::cell::RefCell::new(None),
         };

@@ -389,3 +389,39 @@ fn a_state_of_the_stores_own_log_is_adopted_once_as_a_clusters_first_and_entries
         .unwrap();
     assert_eq!(values(&store), vec![last.index as i64 + 1]);
 }
+
+#[test]
+fn the_watcher_is_told_of_applied_file_changes_but_those_its_mount_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = reopen(dir.path());
+    let (tx, rx) = std::sync::mpsc::sync_channel(16);
+    let theirs = stamp(-2).seed;
+    // The mount claims every Command but `theirs` (made elsewhere).
+    store.watch_fs(tx, move |seed| seed != theirs);
+    let make = |n: i64, name: &[u8]| {
+        Stamped::new(
+            stamp(n),
+            ReplicatedCommand::Fs(FsOp::MakeNode {
+                parent: ROOT,
+                name: name.to_vec(),
+                mode: libc::S_IFREG | 0o644,
+                rdev: 0,
+                uid: 0,
+                gid: 0,
+            }),
+        )
+    };
+    let mount = Stamped::new(
+        stamp(-1),
+        ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
+    );
+    store
+        .apply_entries(vec![entry(
+            1,
+            EntryPayload::Commands(vec![mount, make(-2, b"theirs"), make(-3, b"ours")]),
+        )])
+        .wait()
+        .unwrap();
+    let told: Vec<u64> = rx.try_iter().map(|n| n.seed).collect();
+    assert_eq!(told, vec![theirs]);
+}
