@@ -52,6 +52,29 @@ fn create_entry(index: u64) -> LogEntry {
     )
 }
 
+/// Mounts the file system, as stamp `n`.
+fn mount_command(n: i64) -> Stamped<ReplicatedCommand> {
+    Stamped::new(
+        stamp(n),
+        ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
+    )
+}
+
+/// Makes the regular file `name` in the root, as stamp `n`.
+fn make_file(n: i64, name: &[u8]) -> Stamped<ReplicatedCommand> {
+    Stamped::new(
+        stamp(n),
+        ReplicatedCommand::Fs(FsOp::MakeNode {
+            parent: ROOT,
+            name: name.to_vec(),
+            mode: libc::S_IFREG | 0o644,
+            rdev: 0,
+            uid: 0,
+            gid: 0,
+        }),
+    )
+}
+
 /// Opens the replicated store at `data` again, after the machine died.
 fn reopen(data: &std::path::Path) -> Store {
     let mut config = tablix_store::StoreConfig::new(data);
@@ -166,21 +189,8 @@ fn an_entry_of_several_commands_answers_each_in_its_order() {
     let mut config = tablix_store::StoreConfig::new(dir.path());
     config.log_keeper = LogKeeper::Replication;
     let store = Store::open(config).unwrap();
-    let mount = Stamped::new(
-        stamp(-1),
-        ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
-    );
-    let file = Stamped::new(
-        stamp(-2),
-        ReplicatedCommand::Fs(FsOp::MakeNode {
-            parent: ROOT,
-            name: b"f".to_vec(),
-            mode: libc::S_IFREG | 0o644,
-            rdev: 0,
-            uid: 0,
-            gid: 0,
-        }),
-    );
+    let mount = mount_command(-1);
+    let file = make_file(-2, b"f");
     let bad = Stamped::new(
         stamp(-3),
         ReplicatedCommand::Sql(crate::sql(&["INSERT INTO nowhere VALUES (1)"])),
@@ -398,27 +408,14 @@ fn the_watcher_is_told_of_applied_file_changes_but_those_its_mount_claims() {
     let theirs = stamp(-2).seed;
     // The mount claims every Command but `theirs` (made elsewhere).
     store.watch_fs(tx, move |seed| seed != theirs);
-    let make = |n: i64, name: &[u8]| {
-        Stamped::new(
-            stamp(n),
-            ReplicatedCommand::Fs(FsOp::MakeNode {
-                parent: ROOT,
-                name: name.to_vec(),
-                mode: libc::S_IFREG | 0o644,
-                rdev: 0,
-                uid: 0,
-                gid: 0,
-            }),
-        )
-    };
-    let mount = Stamped::new(
-        stamp(-1),
-        ReplicatedCommand::Fs(FsOp::Mount { uid: 0, gid: 0 }),
-    );
     store
         .apply_entries(vec![entry(
             1,
-            EntryPayload::Commands(vec![mount, make(-2, b"theirs"), make(-3, b"ours")]),
+            EntryPayload::Commands(vec![
+                mount_command(-1),
+                make_file(-2, b"theirs"),
+                make_file(-3, b"ours"),
+            ]),
         )])
         .wait()
         .unwrap();
