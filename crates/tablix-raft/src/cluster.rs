@@ -1134,6 +1134,54 @@ pub struct ClusterNode {
     server: tokio::task::JoinHandle<()>,
 }
 
+/// Tells the operator why a join is still waiting: at the first retry,
+/// then every [`Waiting::EVERY`], so a join to a peer that is down is
+/// not a silent minute.
+struct Waiting<'a> {
+    peer: &'a str,
+    began: Instant,
+    deadline: Instant,
+    said: Option<Instant>,
+}
+
+impl<'a> Waiting<'a> {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn new(peer: &'a str, deadline: Instant) -> Waiting<'a> {
+        Waiting {
+            peer,
+            began: Instant::now(),
+            deadline,
+            said: None,
+        }
+    }
+
+    /// The error once the wait is over.
+    fn gave_up(&self, why: &dyn std::fmt::Display) -> ClusterError {
+        ClusterError::Membership(format!(
+            "gave up joining through {} after {} s: {why}",
+            self.peer,
+            self.began.elapsed().as_secs()
+        ))
+    }
+
+    fn say(&mut self, why: &dyn std::fmt::Display) {
+        let now = Instant::now();
+        if self
+            .said
+            .is_some_and(|at| now.duration_since(at) < Self::EVERY)
+        {
+            return;
+        }
+        self.said = Some(now);
+        let left = self.deadline.saturating_duration_since(now).as_secs();
+        tracing::warn!(
+            "cannot join through {} yet ({why}); retrying for up to {left} s more",
+            self.peer
+        );
+    }
+}
+
 impl ClusterNode {
     /// Starts the node on the current tokio runtime: openraft over the log
     /// in `log_dir` and `store` (opened with `LogKeeper::Replication`),
@@ -1304,6 +1352,7 @@ impl ClusterNode {
             fresh: true,
         };
         let deadline = Instant::now() + wait;
+        let mut waiting = Waiting::new(peer, deadline);
         loop {
             // The member's cluster first: a data directory of another
             // cluster is never joined. The id itself is taken only from
@@ -1314,10 +1363,12 @@ impl ClusterNode {
             // answer for entries a lost disk held.
             let theirs = match self.shared.transport.status(peer, MEMBERSHIP_WAIT).await {
                 Ok(status) => status.cluster_id,
-                Err(TransportError::Unreachable { .. }) if Instant::now() < deadline => {
+                Err(e @ TransportError::Unreachable { .. }) if Instant::now() < deadline => {
+                    waiting.say(&e);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
+                Err(e @ TransportError::Unreachable { .. }) => return Err(waiting.gave_up(&e)),
                 Err(e) => return Err(e.into()),
             };
             if let (Some(ours), Some(theirs)) = (self.shared.identity.get(), theirs)
@@ -1332,8 +1383,14 @@ impl ClusterNode {
                 .await;
             match answer {
                 Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) if e.starts_with("no leader") && Instant::now() < deadline => {}
-                Err(TransportError::Unreachable { .. }) if Instant::now() < deadline => {}
+                Ok(Err(e)) if e.starts_with("no leader") && Instant::now() < deadline => {
+                    waiting.say(&e);
+                }
+                Err(e @ TransportError::Unreachable { .. }) if Instant::now() < deadline => {
+                    waiting.say(&e);
+                }
+                Err(e @ TransportError::Unreachable { .. }) => return Err(waiting.gave_up(&e)),
+                Ok(Err(e)) if e.starts_with("no leader") => return Err(waiting.gave_up(&e)),
                 Ok(Err(e)) => {
                     return Err(ClusterError::Membership(format!(
                         "joining through {peer}: {e}"

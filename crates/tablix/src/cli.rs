@@ -298,6 +298,10 @@ pub struct UpArgs {
     /// (the first start only).
     #[arg(long, value_name = "HOST:PORT", requires = "raft")]
     pub join: Option<String>,
+    /// How long --join keeps asking while that member cannot be reached
+    /// or its cluster has no leader (it may be starting too).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "join", value_parser = clap::value_parser!(u64).range(1..))]
+    pub join_wait: u64,
     /// Serve --raft on an address other machines can reach without
     /// mutual TLS (--raft-cert, --raft-key, --raft-ca): anyone who reaches
     /// it can read the log and change the cluster. Not recommended.

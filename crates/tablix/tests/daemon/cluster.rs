@@ -679,3 +679,42 @@ fn a_daemon_without_cluster_flags_starts_a_cluster_from_its_data_and_no_data_cha
     assert!(refused.contains("node of a tablix cluster"), "{refused}");
     d1.stop();
 }
+
+#[test]
+fn a_join_through_a_member_that_is_down_says_why_it_waits_and_gives_up_after_the_join_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    // Free addresses with nothing listening: the member is down.
+    let dead = free_raft_addr();
+    let raft = free_raft_addr();
+    let began = Instant::now();
+    let refused = Daemon::try_start(
+        &dir.path().join("data"),
+        &[
+            "--node-id",
+            "2",
+            "--raft",
+            &raft,
+            "--join",
+            &dead,
+            "--join-wait",
+            "2",
+        ],
+    )
+    .err()
+    .unwrap_or_default();
+    assert!(
+        refused.contains(&format!("cannot join through {dead} yet")),
+        "{refused}"
+    );
+    assert!(
+        refused.contains(&format!("gave up joining through {dead} after 2 s"))
+            && refused.contains("unreachable"),
+        "{refused}"
+    );
+    // The default wait is a minute; --join-wait ended this one.
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
+}
