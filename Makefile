@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen conformance pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -61,6 +61,12 @@ jepsen: deps
 	  TABLIX_JEPSEN_SECONDS=$(JEPSEN_SECONDS) $(CARGO) test --release --locked -p tablix-raft --test raft jepsen -- --nocapture; \
 	  TABLIX_JEPSEN_SECONDS=$(JEPSEN_SECONDS) $(CARGO) test --release --locked -p tablix --test daemon jepsen -- --include-ignored --nocapture; \
 	done
+
+## pjdfstest, the POSIX file-system conformance suite, on a plain
+## daemon's mount and on a follower's of three nodes (root, FUSE; clones
+## the suite, pinned, from PJDFSTEST_REPO: a local mirror works).
+conformance: build
+	./scripts/pjdfstest.sh target/release/tablix
 
 ## Existing rqlite client libraries (pinned, in a venv) against the daemon.
 RQ_VENV = target/rqlite-clients-venv

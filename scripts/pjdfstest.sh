@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Runs pjdfstest, the POSIX file-system conformance suite, on two tablix
+# mounts: a daemon without cluster flags, and a follower of a three-node
+# cluster (whose every change goes through the leader and comes back as an
+# applied log entry). Needs root, /dev/fuse, and the suite's source: it is
+# cloned from $PJDFSTEST_REPO at $PJDFSTEST_REV (a local clone or mirror
+# works as well), then built with autotools. Each run prints prove's
+# summary; the script fails if either run does.
+#
+#   scripts/pjdfstest.sh [TABLIX_BINARY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bin=${1:-target/release/tablix}
+repo=${PJDFSTEST_REPO:-https://github.com/pjd/pjdfstest}
+rev=${PJDFSTEST_REV:-85a8aea9e685999ef0540392fd80535f873d7ff7}
+src=target/pjdfstest/src
+
+if [[ $(id -u) -ne 0 ]]; then
+    echo "pjdfstest: needs root (the suite changes owners and mounts)" >&2
+    exit 1
+fi
+if [[ ! -c /dev/fuse ]]; then
+    echo "pjdfstest: /dev/fuse is missing" >&2
+    exit 1
+fi
+if [[ ! -x $bin ]]; then
+    echo "pjdfstest: no tablix binary at $bin (make build)" >&2
+    exit 1
+fi
+
+missing=()
+for p in git autoconf automake gcc make perl; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "pjdfstest: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+if [[ ! -x $src/pjdfstest ]] || [[ $(git -C "$src" rev-parse HEAD 2>/dev/null) != "$rev" ]]; then
+    rm -rf "$src"
+    mkdir -p "$(dirname "$src")"
+    git clone -q "$repo" "$src"
+    git -C "$src" checkout -q "$rev"
+    (cd "$src" && autoreconf -ifs >/dev/null 2>&1 && ./configure >/dev/null && make -s pjdfstest)
+fi
+suite=$(cd "$src" && pwd)
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/tablix-pjdfstest.XXXXXX")
+pids=()
+mounts=()
+cleanup() {
+    # Each daemon unmounts its file system as it stops.
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Starts a daemon: start NAME MOUNTPOINT-OR-"" ARGS...; waits for its
+# ready line, which is left in $work/NAME.out.
+start() {
+    local name=$1 mnt=$2
+    shift 2
+    local args=(up --data "$work/$name.data" --http 127.0.0.1:0 --exit-with-parent "$@")
+    if [[ -n $mnt ]]; then
+        mkdir -p "$mnt"
+        args+=("$mnt")
+        mounts+=("$mnt")
+    fi
+    "$bin" "${args[@]}" >"$work/$name.out" 2>"$work/$name.log" &
+    pids+=($!)
+    for _ in $(seq 1 600); do
+        if grep -q '^tablix ready' "$work/$name.out"; then
+            return 0
+        fi
+        if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+            break
+        fi
+        sleep 0.1
+    done
+    echo "pjdfstest: daemon $name did not start:" >&2
+    cat "$work/$name.log" >&2
+    exit 1
+}
+
+ready_field() {
+    sed -n "s/.* $2=\([^ ]*\).*/\1/p" "$work/$1.out"
+}
+
+failed=0
+suite_on() {
+    local what=$1 mnt=$2
+    mkdir -p "$mnt/pjdfstest"
+    echo "pjdfstest: $what ($mnt)"
+    local started=$SECONDS
+    if (cd "$mnt/pjdfstest" && prove -r "$suite/tests") >"$work/prove.out" 2>&1; then
+        tail -n 2 "$work/prove.out"
+    else
+        grep -v ' ok$' "$work/prove.out" | tail -n 40
+        failed=1
+    fi
+    echo "pjdfstest: $what took $((SECONDS - started)) s"
+}
+
+start plain "$work/plain.mnt"
+suite_on "a daemon without cluster flags" "$work/plain.mnt"
+
+start node1 "$work/node1.mnt" --node-id 1 --raft 127.0.0.1:0 --bootstrap
+leader=$(ready_field node1 raft)
+start node2 "$work/node2.mnt" --node-id 2 --raft 127.0.0.1:0 --join "$leader"
+start node3 "" --node-id 3 --raft 127.0.0.1:0 --join "$leader"
+suite_on "a follower of three nodes" "$work/node2.mnt"
+# Node 2 stood no election: its writes all went through node 1.
+role=$(curl -s "$(ready_field node2 http)/status" |
+    python3 -c 'import json, sys; c = json.load(sys.stdin)["cluster"]; print(c["state"], c["term"])')
+echo "pjdfstest: node 2 ended as: $role (term 1 means no leader changed)"
+
+exit "$failed"
