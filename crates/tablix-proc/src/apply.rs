@@ -5,10 +5,18 @@ use rusqlite::{Connection, params};
 use crate::op::{ProcEvent, ProcInfo, ProcOp};
 
 /// Applies `op` inside the caller's transaction on the memory database.
+///
+/// Every op leaves at most `keep_exited` exited rows (the newest), so only
+/// an op that marked rows exited can leave more: the others skip the
+/// trim, which steps over `keep_exited` index entries. (3,000 processes
+/// started one after another took 258-291 ms of the daemon's CPU, against
+/// 288-308 ms when every op trimmed.)
 pub fn apply(conn: &Connection, op: &ProcOp) -> rusqlite::Result<()> {
     if op.reset {
         conn.execute("DELETE FROM processes", [])?;
     }
+    // Rows this op marked exited.
+    let mut exited = 0;
     for event in &op.events {
         match event {
             ProcEvent::Seen(info) => seen(conn, info, false)?,
@@ -19,7 +27,7 @@ pub fn apply(conn: &Connection, op: &ProcOp) -> rusqlite::Result<()> {
                 parent,
                 parent_tgid,
                 at_ns,
-            } => fork(conn, *pid, *tgid, *parent, *parent_tgid, *at_ns)?,
+            } => exited += fork(conn, *pid, *tgid, *parent, *parent_tgid, *at_ns)?,
             ProcEvent::Uid { pid, uid, euid } => {
                 conn.prepare_cached(
                     "UPDATE processes SET uid = ?2, euid = ?3 WHERE pid = ?1 AND exit_ns IS NULL",
@@ -46,13 +54,17 @@ pub fn apply(conn: &Connection, op: &ProcOp) -> rusqlite::Result<()> {
                     Some(s) => (None, Some(s & 0x7f)),
                     None => (None, None),
                 };
-                conn.prepare_cached(
-                    "UPDATE processes SET exit_ns = ?2, exit_code = ?3, exit_signal = ?4
-                     WHERE pid = ?1 AND exit_ns IS NULL",
-                )?
-                .execute(params![pid, at_ns, code, signal])?;
+                exited += conn
+                    .prepare_cached(
+                        "UPDATE processes SET exit_ns = ?2, exit_code = ?3, exit_signal = ?4
+                         WHERE pid = ?1 AND exit_ns IS NULL",
+                    )?
+                    .execute(params![pid, at_ns, code, signal])?;
             }
         }
+    }
+    if exited == 0 && !op.reset {
+        return Ok(());
     }
     conn.prepare_cached(
         "DELETE FROM processes WHERE id IN (
@@ -90,6 +102,7 @@ fn seen(conn: &Connection, i: &ProcInfo, exec: bool) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Returns how many rows it marked exited (a stale row of the pid).
 fn fork(
     conn: &Connection,
     pid: u32,
@@ -97,9 +110,10 @@ fn fork(
     parent: u32,
     parent_tgid: u32,
     at_ns: i64,
-) -> rusqlite::Result<()> {
+) -> rusqlite::Result<usize> {
     // A live row for this pid is stale: that task's exit was missed.
-    conn.prepare_cached("UPDATE processes SET exit_ns = ?2 WHERE pid = ?1 AND exit_ns IS NULL")?
+    let stale = conn
+        .prepare_cached("UPDATE processes SET exit_ns = ?2 WHERE pid = ?1 AND exit_ns IS NULL")?
         .execute(params![pid, at_ns])?;
     // A new process's parent is the forking process; a new thread's is
     // its process's parent.
@@ -118,7 +132,7 @@ fn fork(
         )?
         .execute(params![pid, tgid, parent_tgid, at_ns])?;
     }
-    Ok(())
+    Ok(stale)
 }
 
 #[cfg(test)]
@@ -208,5 +222,77 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(pids, vec![10, 12]);
+    }
+
+    /// Ops of forks (some of live pids: their exits were missed), execs
+    /// and exits, one to three to an op, leave the table as applying each
+    /// op and then always trimming it would.
+    #[test]
+    fn skipping_the_trim_leaves_the_table_as_trimming_after_every_op_would() {
+        const SEED: u64 = 0x5eed_0f7a;
+        const KEEP: u32 = 5;
+        const TRIM: &str = "DELETE FROM processes WHERE id IN (
+             SELECT id FROM processes WHERE exit_ns IS NOT NULL
+             ORDER BY exit_ns DESC, id DESC LIMIT -1 OFFSET ?1)";
+        let mut state = SEED;
+        let mut next = |n: u64| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) % n
+        };
+        let ours = Connection::open_in_memory().unwrap();
+        let model = Connection::open_in_memory().unwrap();
+        for c in [&ours, &model] {
+            c.execute_batch(SCHEMA).unwrap();
+        }
+        let rows = |c: &Connection| -> Vec<(i64, u32, Option<i64>)> {
+            c.prepare("SELECT id, pid, exit_ns FROM processes ORDER BY id")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        };
+        for step in 0..600_i64 {
+            let events = (0..=next(3))
+                .map(|_| {
+                    let pid = 100 + next(12) as u32;
+                    match next(3) {
+                        0 => ProcEvent::Fork {
+                            pid,
+                            tgid: pid,
+                            parent: 1,
+                            parent_tgid: 1,
+                            at_ns: step,
+                        },
+                        1 => ProcEvent::Exec(info(pid, "x")),
+                        _ => ProcEvent::Exit {
+                            pid,
+                            at_ns: step,
+                            status: Some(0),
+                        },
+                    }
+                })
+                .collect();
+            let op = op(events, KEEP);
+            apply(&ours, &op).unwrap();
+            apply(&model, &op).unwrap();
+            model.execute(TRIM, [KEEP]).unwrap();
+            assert_eq!(
+                rows(&ours),
+                rows(&model),
+                "seed {SEED:#x}, op {step}: {:?}",
+                op.events
+            );
+        }
+        let exited: u32 = ours
+            .query_row(
+                "SELECT count(*) FROM processes WHERE exit_ns IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(exited, KEEP, "the history filled up and stayed bounded");
     }
 }
