@@ -707,7 +707,7 @@ fn a_join_through_a_member_that_is_down_says_why_it_waits_and_gives_up_after_the
         "{refused}"
     );
     assert!(
-        refused.contains(&format!("gave up joining through {dead} after 2 s"))
+        refused.contains(&format!("gave up joining through {dead} after "))
             && refused.contains("unreachable"),
         "{refused}"
     );
