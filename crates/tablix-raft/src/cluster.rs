@@ -1134,9 +1134,9 @@ pub struct ClusterNode {
     server: tokio::task::JoinHandle<()>,
 }
 
-/// Tells the operator why a join is still waiting: at the first retry,
-/// then every [`Waiting::EVERY`], so a join to a peer that is down is
-/// not a silent minute.
+/// How long a join may go on asking, and telling the operator why it
+/// still waits: at the first retry, then every [`Waiting::EVERY`], so a
+/// join to a peer that is down is not a silent minute.
 struct Waiting<'a> {
     peer: &'a str,
     began: Instant,
@@ -1147,31 +1147,32 @@ struct Waiting<'a> {
 impl<'a> Waiting<'a> {
     const EVERY: Duration = Duration::from_secs(5);
 
-    fn new(peer: &'a str, deadline: Instant) -> Waiting<'a> {
+    fn new(peer: &'a str, wait: Duration) -> Waiting<'a> {
+        let began = Instant::now();
         Waiting {
             peer,
-            began: Instant::now(),
-            deadline,
+            began,
+            deadline: began + wait,
             said: None,
         }
     }
 
-    /// The error once the wait is over.
-    fn gave_up(&self, why: &dyn std::fmt::Display) -> ClusterError {
-        ClusterError::Membership(format!(
-            "gave up joining through {} after {} s: {why}",
-            self.peer,
-            self.began.elapsed().as_secs()
-        ))
-    }
-
-    fn say(&mut self, why: &dyn std::fmt::Display) {
+    /// A try failed for `why`: the join may try again (said now and
+    /// then), or, once the wait is over, gives up with this error.
+    fn retry(&mut self, why: &dyn std::fmt::Display) -> Result<(), ClusterError> {
         let now = Instant::now();
+        if now >= self.deadline {
+            return Err(ClusterError::Membership(format!(
+                "gave up joining through {} after {} s: {why}",
+                self.peer,
+                now.duration_since(self.began).as_secs()
+            )));
+        }
         if self
             .said
             .is_some_and(|at| now.duration_since(at) < Self::EVERY)
         {
-            return;
+            return Ok(());
         }
         self.said = Some(now);
         let left = self.deadline.saturating_duration_since(now).as_secs();
@@ -1179,6 +1180,7 @@ impl<'a> Waiting<'a> {
             "cannot join through {} yet ({why}); retrying for up to {left} s more",
             self.peer
         );
+        Ok(())
     }
 }
 
@@ -1351,8 +1353,7 @@ impl ClusterNode {
             // Only a node whose log is empty asks to join.
             fresh: true,
         };
-        let deadline = Instant::now() + wait;
-        let mut waiting = Waiting::new(peer, deadline);
+        let mut waiting = Waiting::new(peer, wait);
         loop {
             // The member's cluster first: a data directory of another
             // cluster is never joined. The id itself is taken only from
@@ -1363,12 +1364,11 @@ impl ClusterNode {
             // answer for entries a lost disk held.
             let theirs = match self.shared.transport.status(peer, MEMBERSHIP_WAIT).await {
                 Ok(status) => status.cluster_id,
-                Err(e @ TransportError::Unreachable { .. }) if Instant::now() < deadline => {
-                    waiting.say(&e);
+                Err(e @ TransportError::Unreachable { .. }) => {
+                    waiting.retry(&e)?;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-                Err(e @ TransportError::Unreachable { .. }) => return Err(waiting.gave_up(&e)),
                 Err(e) => return Err(e.into()),
             };
             if let (Some(ours), Some(theirs)) = (self.shared.identity.get(), theirs)
@@ -1383,14 +1383,8 @@ impl ClusterNode {
                 .await;
             match answer {
                 Ok(Ok(())) => return Ok(()),
-                Ok(Err(e)) if e.starts_with("no leader") && Instant::now() < deadline => {
-                    waiting.say(&e);
-                }
-                Err(e @ TransportError::Unreachable { .. }) if Instant::now() < deadline => {
-                    waiting.say(&e);
-                }
-                Err(e @ TransportError::Unreachable { .. }) => return Err(waiting.gave_up(&e)),
-                Ok(Err(e)) if e.starts_with("no leader") => return Err(waiting.gave_up(&e)),
+                Ok(Err(e)) if e.starts_with("no leader") => waiting.retry(&e)?,
+                Err(e @ TransportError::Unreachable { .. }) => waiting.retry(&e)?,
                 Ok(Err(e)) => {
                     return Err(ClusterError::Membership(format!(
                         "joining through {peer}: {e}"
