@@ -1197,8 +1197,15 @@ impl ClusterNode {
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let addr = listener.local_addr()?;
         let advertise = config.advertise.clone().unwrap_or_else(|| addr.to_string());
+        // A state that may not become a member's is refused before the
+        // log's directory is made: a refusal leaves the data directory
+        // as it found it.
+        let fresh = !config.log_dir.exists();
+        if fresh {
+            adopt_own_state(&config, &store, &identity, &advertise)?;
+        }
         let (log, _) = Log::open(&config.log_dir, LogConfig::default())?;
-        if log.last().is_none() {
+        if !fresh && log.last().is_none() {
             adopt_own_state(&config, &store, &identity, &advertise)?;
         }
         let sm = StateMachine::new(Arc::clone(&store), &config.snapshot_dir)?;

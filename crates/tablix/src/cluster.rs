@@ -68,10 +68,9 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
             print!("{}", show(&status));
             Ok(ExitCode::SUCCESS)
         }
-        Err(e) => {
-            eprintln!("tablix cluster: {e}");
-            Ok(ExitCode::FAILURE)
-        }
+        // A refusal is reported as every other failure of the command is,
+        // by `main`, so that scripts see one shape of error.
+        Err(e) => Err(anyhow::anyhow!("the cluster refused: {e}")),
     }
 }
 

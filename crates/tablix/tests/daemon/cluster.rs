@@ -670,6 +670,10 @@ fn a_daemon_without_cluster_flags_starts_a_cluster_from_its_data_and_no_data_cha
             refused.contains("ran without cluster flags"),
             "{how:?}: {refused}"
         );
+        assert!(
+            !other.join(tablix_raft::LOG_DIR).exists(),
+            "{how:?}: a refused start left a raft log behind"
+        );
     }
     // A member's data directory never runs without its cluster flags.
     d2.stop();
@@ -717,4 +721,31 @@ fn a_join_through_a_member_that_is_down_says_why_it_waits_and_gives_up_after_the
         "{:?}",
         began.elapsed()
     );
+}
+
+#[test]
+fn tablix_cluster_reports_a_refused_change_and_an_unreachable_node_as_errors_of_one_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft = vec![free_raft_addr()];
+    let d1 = node(dir.path(), &raft, 0, &["--bootstrap"]);
+    eventually("node 1 to lead", || leader(&raft[0]) == Some(1));
+    let cluster = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.args(["cluster", "--raft"]).args(args);
+        cmd.output_limited()
+    };
+    let refused = cluster(&[&raft[0], "remove", "1"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.starts_with("tablix: error: the cluster refused: ") && said.contains("last voter"),
+        "{said}"
+    );
+    // Nothing was changed: node 1 still leads.
+    assert_eq!(leader(&raft[0]), Some(1));
+    d1.stop();
+    let gone = cluster(&[&raft[0], "status"]);
+    let said = String::from_utf8_lossy(&gone.stderr);
+    assert!(!gone.status.success(), "{said}");
+    assert!(said.starts_with("tablix: error: "), "{said}");
 }
