@@ -23,6 +23,14 @@ const S_IFLNK: u32 = libc::S_IFLNK;
 pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError> {
     match op {
         FsOp::Mount { uid, gid } => mount(conn, now, *uid, *gid),
+        FsOp::MountNode { uid, gid, node } => mount_node(conn, now, *uid, *gid, *node),
+        FsOp::Release { node, inodes } => {
+            for &ino in inodes {
+                release(conn, *node, ino)?;
+            }
+            Ok(FsReply::Done)
+        }
+        FsOp::Unmount { node } => unmount(conn, *node),
         FsOp::MakeNode {
             parent,
             name,
@@ -90,7 +98,17 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
     }
 }
 
+/// A single node's mount: its kernel is the only one, and it holds
+/// nothing yet, so every unlinked inode goes.
 fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, FsError> {
+    own_root(conn, now, uid, gid)?;
+    for ino in unlinked(conn)? {
+        reclaim(conn, ino)?;
+    }
+    Ok(FsReply::Done)
+}
+
+fn own_root(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<(), FsError> {
     // A root whose birth time is 0 was never mounted.
     conn.prepare_cached(
         "UPDATE tablix_inode SET uid = ?1, gid = ?2, atime_ns = ?3, mtime_ns = ?3,
@@ -98,12 +116,72 @@ fn mount(conn: &Connection, now: i64, uid: u32, gid: u32) -> Result<FsReply, FsE
          WHERE ino = 1 AND btime_ns = 0",
     )?
     .execute(params![uid, gid, now])?;
-    let orphans: Vec<i64> = conn
+    Ok(())
+}
+
+fn unlinked(conn: &Connection) -> Result<Vec<Ino>, FsError> {
+    let inodes: Vec<i64> = conn
         .prepare_cached("SELECT ino FROM tablix_inode WHERE nlink = 0")?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
-    for ino in orphans {
-        reclaim(conn, ino as u64)?;
+    Ok(inodes.into_iter().map(|i| i as Ino).collect())
+}
+
+fn mount_node(
+    conn: &Connection,
+    now: i64,
+    uid: u32,
+    gid: u32,
+    node: u64,
+) -> Result<FsReply, FsError> {
+    own_root(conn, now, uid, gid)?;
+    conn.prepare_cached("INSERT OR IGNORE INTO tablix_mount(node) VALUES (?1)")?
+        .execute(params![node as i64])?;
+    for ino in unlinked(conn)? {
+        release(conn, node, ino)?;
+    }
+    Ok(FsReply::Done)
+}
+
+/// Records that `node`'s kernel holds `ino` no more, and frees it if it
+/// is unlinked and no mounted node holds it. A linked inode needs no
+/// release: it is released when it is unlinked, by every node.
+fn release(conn: &Connection, node: u64, ino: Ino) -> Result<(), FsError> {
+    let unlinked = conn
+        .prepare_cached("SELECT 1 FROM tablix_inode WHERE ino = ?1 AND nlink = 0")?
+        .query_row(params![ino as i64], |_| Ok(()))
+        .optional()?
+        .is_some();
+    if !unlinked {
+        return Ok(());
+    }
+    conn.prepare_cached("INSERT OR IGNORE INTO tablix_release(ino, node) VALUES (?1, ?2)")?
+        .execute(params![ino as i64, node as i64])?;
+    if released_by_all(conn, ino)? {
+        reclaim(conn, ino)?;
+    }
+    Ok(())
+}
+
+/// Whether every mounted node has released `ino`.
+fn released_by_all(conn: &Connection, ino: Ino) -> Result<bool, FsError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT NOT EXISTS (SELECT 1 FROM tablix_mount m WHERE NOT EXISTS
+                 (SELECT 1 FROM tablix_release r WHERE r.ino = ?1 AND r.node = m.node))",
+        )?
+        .query_row(params![ino as i64], |r| r.get(0))?)
+}
+
+fn unmount(conn: &Connection, node: u64) -> Result<FsReply, FsError> {
+    conn.prepare_cached("DELETE FROM tablix_mount WHERE node = ?1")?
+        .execute(params![node as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_release WHERE node = ?1")?
+        .execute(params![node as i64])?;
+    for ino in unlinked(conn)? {
+        if released_by_all(conn, ino)? {
+            reclaim(conn, ino)?;
+        }
     }
     Ok(FsReply::Done)
 }
@@ -116,6 +194,8 @@ fn reclaim(conn: &Connection, ino: Ino) -> Result<(), FsError> {
     if gone == 0 {
         return Ok(());
     }
+    conn.prepare_cached("DELETE FROM tablix_release WHERE ino = ?1")?
+        .execute(params![ino as i64])?;
     delete_blocks_from(conn, ino, 0)?;
     conn.prepare_cached("DELETE FROM tablix_symlink WHERE ino = ?1")?
         .execute(params![ino as i64])?;

@@ -8,13 +8,16 @@
 //! 4. A non-directory's nlink is the number of entries naming it; a
 //!    directory's is 2 plus its subdirectories (0 once removed).
 //! 5. Every inode but the root is named by an entry, or has nlink 0 (open
-//!    but unlinked when the daemon stopped; reclaimed at the next mount).
+//!    but unlinked when the daemon stopped, reclaimed at the next mount;
+//!    on a cluster, possibly still open on another node).
 //! 6. Only regular files have data blocks; no stored byte lies at or past a
 //!    file's size, and `allocated` is the bytes its blocks hold.
 //! 7. A symlink has its target and nothing else has one.
 //! 8. Every block's bytes match the checksum stored with them (only with
 //!    [`Options::verify_data`]; a block written before checksums existed
 //!    has none and is counted as unverified). Data cannot be repaired.
+//! 9. A node's release of an inode (`tablix_release`) names an unlinked
+//!    inode.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -120,6 +123,17 @@ pub fn check(
         |id| format!("removed dangling entry {id}"),
     )?;
 
+    remove_found(
+        conn,
+        repair,
+        &mut r,
+        "SELECT r.ino FROM tablix_release r LEFT JOIN tablix_inode i ON i.ino = r.ino
+         WHERE i.ino IS NULL OR i.nlink != 0 GROUP BY r.ino",
+        &["DELETE FROM tablix_release WHERE ino = ?1"],
+        |ino| format!("9: inode {ino} is released by a node but is missing or linked"),
+        |ino| format!("removed the releases of inode {ino}"),
+    )?;
+
     // Inodes no entry names: open-but-unlinked ones are expected (nlink 0);
     // others are lost and go to /lost+found.
     let unnamed: Vec<(i64, i64, i64)> = {
@@ -133,7 +147,7 @@ pub fn check(
     for (ino, nlink, mode) in unnamed {
         if nlink == 0 {
             r.problems.push(format!(
-                "5: inode {ino} is unlinked but not yet reclaimed (it was open at shutdown)"
+                "5: inode {ino} is unlinked but not yet reclaimed (it was open at shutdown, or on a cluster is open on another node)"
             ));
             if repair {
                 crate::apply(

@@ -122,6 +122,28 @@ pub enum FsOp {
         repair: bool,
         verify_data: bool,
     },
+    /// A cluster node's [`FsOp::Mount`]: besides the root's owner and
+    /// times, records `node` as one whose kernel may hold unlinked files
+    /// open, and releases every such file for it (its kernel, mounting
+    /// afresh, holds none).
+    MountNode {
+        uid: u32,
+        gid: u32,
+        node: u64,
+    },
+    /// A cluster node's [`FsOp::Reclaim`]: `node`'s kernel holds none of
+    /// `inodes` (it forgot them, or never had them). An unlinked inode is
+    /// freed once every mounted node has released it: a file open on one
+    /// node outlives its unlinking on another.
+    Release {
+        node: u64,
+        inodes: Vec<Ino>,
+    },
+    /// `node` mounts the file system no more (it left the cluster): no
+    /// unlinked inode waits for it.
+    Unmount {
+        node: u64,
+    },
 }
 
 /// The attributes of one inode, as `stat(2)` shows them.
@@ -189,7 +211,11 @@ impl FsOp {
             name: name.to_vec(),
         };
         match self {
-            FsOp::Mount { .. } | FsOp::Check { .. } => Vec::new(),
+            // What these free, no kernel holds.
+            FsOp::Mount { .. }
+            | FsOp::MountNode { .. }
+            | FsOp::Unmount { .. }
+            | FsOp::Check { .. } => Vec::new(),
             FsOp::MakeNode { parent, name, .. }
             | FsOp::Symlink { parent, name, .. }
             | FsOp::Unlink { parent, name }
@@ -239,7 +265,9 @@ impl FsOp {
             FsOp::SetXattr { ino, .. } | FsOp::RemoveXattr { ino, .. } => {
                 vec![Touched::Attr(*ino)]
             }
-            FsOp::Reclaim { inodes } => inodes.iter().map(|i| Touched::Attr(*i)).collect(),
+            FsOp::Reclaim { inodes } | FsOp::Release { inodes, .. } => {
+                inodes.iter().map(|i| Touched::Attr(*i)).collect()
+            }
         }
     }
 }

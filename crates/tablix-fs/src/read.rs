@@ -289,3 +289,13 @@ pub fn inode_count(conn: &Connection) -> Result<u64, FsError> {
         .prepare_cached("SELECT count(*) FROM tablix_inode")?
         .query_row([], |r| r.get::<_, i64>(0))? as u64)
 }
+
+/// The cluster nodes recorded as mounting the file system
+/// (`FsOp::MountNode`, until `FsOp::Unmount`).
+pub fn mounted_nodes(conn: &Connection) -> Result<Vec<u64>, FsError> {
+    let mut st = conn.prepare_cached("SELECT node FROM tablix_mount ORDER BY node")?;
+    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
+    Ok(rows
+        .map(|r| r.map(|n| n as u64))
+        .collect::<Result<_, _>>()?)
+}

@@ -81,7 +81,12 @@ pub(crate) fn spans(from: u64, to: u64) -> impl Iterator<Item = Span> {
 /// other domains', on the file system's writer connection. Each is frozen
 /// once released (a change is a new migration appended here), which
 /// `released_migrations_are_frozen` checks.
-pub const MIGRATIONS: &[(u32, &str)] = &[(2, MIGRATION_2), (3, MIGRATION_3), (4, MIGRATION_4)];
+pub const MIGRATIONS: &[(u32, &str)] = &[
+    (2, MIGRATION_2),
+    (3, MIGRATION_3),
+    (4, MIGRATION_4),
+    (6, MIGRATION_6),
+];
 
 /// The file system's tables that the store checks at every start (SQLite's
 /// quick_check), before anything writes: its metadata, small next to the
@@ -92,6 +97,8 @@ pub const QUICK_CHECKED: &[&str] = &[
     "tablix_symlink",
     "tablix_xattr",
     "tablix_block_sum",
+    "tablix_mount",
+    "tablix_release",
 ];
 
 /// The store's migration 2: creates the file system, with its root
@@ -229,6 +236,25 @@ CREATE TABLE main.tablix_block_sum(
 INSERT INTO main.tablix_block_sum(id, crc)
     SELECT id, crc FROM main.tablix_block WHERE crc IS NOT NULL;
 ALTER TABLE main.tablix_block DROP COLUMN crc;
+";
+
+/// The store's migration 6 (the store's own 5 comes between). Frozen.
+///
+/// An unlinked inode (nlink 0) stays while a kernel may hold it open. On
+/// a cluster every node's kernel may: `tablix_mount` lists the nodes that
+/// mount the file system (`FsOp::MountNode`, `FsOp::Unmount`), and
+/// `tablix_release` the unlinked inodes each has let go of
+/// (`FsOp::Release`); an inode all of them released is freed. A single
+/// node's mount records nothing here.
+pub const MIGRATION_6: &str = "
+CREATE TABLE main.tablix_mount(
+    node INTEGER PRIMARY KEY
+) STRICT;
+CREATE TABLE main.tablix_release(
+    ino  INTEGER NOT NULL,
+    node INTEGER NOT NULL,
+    PRIMARY KEY(ino, node)
+) STRICT, WITHOUT ROWID;
 ";
 
 /// The file system as SQL users see it: `files`, one row per path the

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use crate::check::{self, Options, Report};
 use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4};
+use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6};
 use crate::{Errno, FsError, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
@@ -31,7 +31,7 @@ fn migrate(c: &Connection, migrations: &[&str]) {
 
 fn fs() -> Connection {
     let c = fs_v2();
-    migrate(&c, &[MIGRATION_3, MIGRATION_4]);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
 }
@@ -291,7 +291,7 @@ fn migration_4_moves_checksums_and_keeps_data() {
         ],
     )
     .expect("blocks");
-    migrate(&c, &[MIGRATION_4]);
+    migrate(&c, &[MIGRATION_4, MIGRATION_6]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     let r = check(&c, 2, false).expect("check");
     assert!(r.is_clean(), "{r:?}");
@@ -342,7 +342,7 @@ fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
          INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
     )
     .expect("old rows");
-    migrate(&c, &[MIGRATION_3, MIGRATION_4]);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6]);
     let seq: i64 = c
         .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
         .expect("sequence");
@@ -482,4 +482,150 @@ proptest! {
         prop_assert!(r.is_clean(), "{:?}", r);
         prop_assert_eq!(r.unverified_blocks, 0);
     }
+}
+
+/// Whether `ino` still exists (unlinked or not).
+fn exists(c: &Connection, ino: u64) -> bool {
+    match read::getattr(c, ino) {
+        Ok(_) => true,
+        Err(FsError::Errno(Errno::ENOENT)) => false,
+        Err(e) => panic!("getattr {ino}: {e:?}"),
+    }
+}
+
+fn unlink(c: &Connection, now: i64, name: &str) {
+    apply(
+        c,
+        now,
+        &FsOp::Unlink {
+            parent: ROOT,
+            name: name.into(),
+        },
+    )
+    .expect("unlink");
+}
+
+fn release(c: &Connection, now: i64, node: u64, inodes: &[u64]) {
+    apply(
+        c,
+        now,
+        &FsOp::Release {
+            node,
+            inodes: inodes.to_vec(),
+        },
+    )
+    .expect("release");
+}
+
+#[test]
+fn on_a_cluster_an_unlinked_file_lives_until_every_mounted_node_released_it() {
+    let c = fs();
+    for node in [1, 2] {
+        apply(
+            &c,
+            2,
+            &FsOp::MountNode {
+                uid: 0,
+                gid: 0,
+                node,
+            },
+        )
+        .expect("mount");
+    }
+    let f = self::node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    write(&c, f, 0, b"still open on node 2");
+    // A release of a linked inode records nothing: the node may look it
+    // up again.
+    release(&c, 4, 1, &[f]);
+    unlink(&c, 5, "f");
+    release(&c, 6, 1, &[f]);
+    assert_eq!(
+        read::read(&c, f, 0, 64).expect("read"),
+        b"still open on node 2"
+    );
+    // Node 1 released it again; node 2 still holds it.
+    release(&c, 7, 1, &[f]);
+    assert!(exists(&c, f));
+    release(&c, 8, 2, &[f]);
+    assert!(!exists(&c, f));
+    // Released before its unlinking, by both nodes: it waits for node 1.
+    let g = self::node(&c, ROOT, "g", libc::S_IFREG | 0o644);
+    release(&c, 8, 1, &[g]);
+    release(&c, 8, 2, &[g]);
+    unlink(&c, 8, "g");
+    release(&c, 8, 2, &[g]);
+    assert!(exists(&c, g));
+    release(&c, 8, 1, &[g]);
+    assert!(!exists(&c, g));
+    let releases: i64 = c
+        .query_row("SELECT count(*) FROM tablix_release", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(releases, 0, "a freed inode's releases go with it");
+    assert!(check(&c, 9, false).expect("check").is_clean());
+}
+
+#[test]
+fn a_node_mounting_again_releases_all_it_held_and_one_that_left_is_waited_for_no_more() {
+    let c = fs();
+    for node in [1, 2, 3] {
+        apply(
+            &c,
+            2,
+            &FsOp::MountNode {
+                uid: 0,
+                gid: 0,
+                node,
+            },
+        )
+        .expect("mount");
+    }
+    let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
+    let h = node(&c, ROOT, "h", libc::S_IFREG | 0o644);
+    unlink(&c, 5, "g");
+    unlink(&c, 5, "h");
+    release(&c, 6, 2, &[g, h]);
+    release(&c, 6, 3, &[g]);
+    // Node 1 restarts: its kernel holds nothing now.
+    apply(
+        &c,
+        7,
+        &FsOp::MountNode {
+            uid: 0,
+            gid: 0,
+            node: 1,
+        },
+    )
+    .expect("mount again");
+    assert!(!exists(&c, g));
+    assert!(exists(&c, h), "node 3 may still hold h");
+    // Node 3 leaves the cluster.
+    apply(&c, 8, &FsOp::Unmount { node: 3 }).expect("unmount");
+    assert!(!exists(&c, h));
+    let mounted: Vec<i64> = c
+        .prepare("SELECT node FROM tablix_mount ORDER BY node")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(mounted, [1, 2]);
+    assert!(check(&c, 9, false).expect("check").is_clean());
+}
+
+#[test]
+fn check_removes_releases_of_inodes_that_are_not_unlinked() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    c.execute(
+        "INSERT INTO tablix_release(ino, node) VALUES (?1, 1), (999, 1)",
+        [f as i64],
+    )
+    .expect("damage");
+    let report = check(&c, 10, true).expect("check");
+    assert_eq!(report.problems.len(), 2, "{report:?}");
+    assert!(
+        report.problems.iter().all(|p| p.starts_with("9: ")),
+        "{report:?}"
+    );
+    assert!(check(&c, 11, false).expect("recheck").is_clean());
 }

@@ -21,6 +21,7 @@ use tablix_store::{Stamp, Store};
 
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{fs_errno, read_gate_errno, store_errno, to_fuser};
+use crate::kernel_refs::KernelRefs;
 use crate::pipes::{CONTROL_INO, Pipes};
 use crate::route::{self, Entry, Node};
 
@@ -41,6 +42,10 @@ pub struct FsConfig {
     /// What every read of stored state through the mount waits for first
     /// (a cluster node's read level); none: the node's own state at once.
     pub read_gate: Option<Arc<dyn ReadGate>>,
+    /// A cluster node's id: its mount follows what its kernel holds and
+    /// releases unlinked inodes as that node (`kernel_refs`). None: a
+    /// single node, whose kernel's forgetting an unlinked inode frees it.
+    pub node: Option<u64>,
 }
 
 /// A wait before a read through the mount: on a cluster node, until the
@@ -59,6 +64,8 @@ pub struct TablixFs {
     ended: Arc<AtomicBool>,
     /// The changes this mount has in flight (their caches need no notice).
     in_flight: Arc<crate::invalidate::InFlight>,
+    /// On a cluster node, what the kernel holds.
+    refs: Option<Arc<KernelRefs>>,
 }
 
 const GENERATION: Generation = Generation(0);
@@ -77,6 +84,7 @@ impl TablixFs {
         ended: Arc<AtomicBool>,
         in_flight: Arc<crate::invalidate::InFlight>,
         holders: Arc<crate::holders::PipeHolders>,
+        refs: Option<Arc<KernelRefs>>,
     ) -> TablixFs {
         TablixFs {
             pipes: Pipes::new(Arc::clone(&store), holders, config.ttl),
@@ -84,7 +92,22 @@ impl TablixFs {
             config,
             ended,
             in_flight,
+            refs,
         }
+    }
+
+    /// Runs `op`, which may hand the kernel one inode (its `Ok`), as an
+    /// operation `kernel_refs` counts.
+    fn handing(&self, op: impl FnOnce() -> Result<Attr, Errno>) -> Result<Attr, Errno> {
+        let Some(refs) = &self.refs else {
+            return op();
+        };
+        let mut handing = refs.begin();
+        let r = op();
+        if let Ok(a) = &r {
+            handing.hand(a.ino);
+        }
+        r
     }
 
     /// Applies `op` as a Command: durable on return in sync mode, applied
@@ -171,13 +194,15 @@ impl TablixFs {
             Entry::Control => return Err(Errno(libc::EEXIST)),
             Entry::Virtual(_) => return Err(Errno::EPERM),
         };
-        self.change_attr(FsOp::MakeNode {
-            parent,
-            name: name.as_bytes().to_vec(),
-            mode,
-            rdev,
-            uid: req.uid(),
-            gid: req.gid(),
+        self.handing(|| {
+            self.change_attr(FsOp::MakeNode {
+                parent,
+                name: name.as_bytes().to_vec(),
+                mode,
+                rdev,
+                uid: req.uid(),
+                gid: req.gid(),
+            })
         })
     }
 
@@ -185,7 +210,23 @@ impl TablixFs {
         self.store.flush().wait().map_err(|e| store_errno(&e))
     }
 
-    fn forget_inner(&self, inodes: Vec<Ino>) -> Result<(), Errno> {
+    fn forget_inner(&self, ino: Ino, nlookup: u64) -> Result<(), Errno> {
+        if let Some(refs) = &self.refs {
+            // A cluster node releases what its kernel let go of, when the
+            // releaser decides it safely can. The node's own state is
+            // read, past the mount's read level: a forget waits for nothing.
+            if refs.forget(ino, nlookup)
+                && self
+                    .store
+                    .read_latest(|c| read::getattr(c, ino))
+                    .map_err(|e| store_errno(&e))?
+                    .is_ok_and(|a| a.nlink == 0)
+            {
+                refs.nudge();
+            }
+            return Ok(());
+        }
+        let inodes = vec![ino];
         // Only an unlinked inode is freed; checking first keeps the common
         // case (an evicted, still-linked inode) off the write path.
         let unlinked = self.read(|c| {
@@ -317,7 +358,7 @@ impl Filesystem for TablixFs {
         let r = match route::entry(parent.0, name) {
             Entry::Control => self.pipes.getattr(CONTROL_INO),
             Entry::Virtual(p) => self.pipes.lookup(p, name.as_bytes()),
-            Entry::Stored(p) => self.read(|c| read::lookup(c, p, name.as_bytes())),
+            Entry::Stored(p) => self.handing(|| self.read(|c| read::lookup(c, p, name.as_bytes()))),
         };
         match r {
             // A missing name is cached by the kernel as a negative entry
@@ -330,9 +371,9 @@ impl Filesystem for TablixFs {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         if let Node::Stored(ino) = route::node(ino.0)
-            && let Err(e) = self.forget_inner(vec![ino])
+            && let Err(e) = self.forget_inner(ino, nlookup)
         {
             tracing::warn!("forget of inode {ino}: {e}");
         }
@@ -455,12 +496,14 @@ impl Filesystem for TablixFs {
         let r = match route::entry(parent.0, link_name) {
             Entry::Virtual(_) => Err(Errno::EPERM),
             Entry::Control => Err(Errno(libc::EEXIST)),
-            Entry::Stored(parent) => self.change_attr(FsOp::Symlink {
-                parent,
-                name: link_name.as_bytes().to_vec(),
-                target: target.as_os_str().as_bytes().to_vec(),
-                uid: req.uid(),
-                gid: req.gid(),
+            Entry::Stored(parent) => self.handing(|| {
+                self.change_attr(FsOp::Symlink {
+                    parent,
+                    name: link_name.as_bytes().to_vec(),
+                    target: target.as_os_str().as_bytes().to_vec(),
+                    uid: req.uid(),
+                    gid: req.gid(),
+                })
             }),
         };
         self.reply_entry(reply, r);
@@ -503,10 +546,12 @@ impl Filesystem for TablixFs {
         reply: ReplyEntry,
     ) {
         let r = match (route::node(ino.0), route::entry(newparent.0, newname)) {
-            (Node::Stored(ino), Entry::Stored(parent)) => self.change_attr(FsOp::Link {
-                ino,
-                parent,
-                name: newname.as_bytes().to_vec(),
+            (Node::Stored(ino), Entry::Stored(parent)) => self.handing(|| {
+                self.change_attr(FsOp::Link {
+                    ino,
+                    parent,
+                    name: newname.as_bytes().to_vec(),
+                })
             }),
             _ => Err(Errno::EPERM),
         };
@@ -703,20 +748,31 @@ impl Filesystem for TablixFs {
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.config.ttl;
+        // Each entry added but `.` and `..` is a lookup the kernel holds.
+        let mut handing = self.refs.as_ref().map(|r| r.begin());
         let emit = |e: read::DirEntry| {
-            !reply.add(
+            let full = reply.add(
                 INodeNo(e.attr.ino),
                 e.next,
                 OsStr::from_bytes(&e.name),
                 &ttl,
                 &file_attr(&e.attr),
                 GENERATION,
-            )
+            );
+            if !full
+                && e.name != b"."
+                && e.name != b".."
+                && let Some(h) = handing.as_mut()
+            {
+                h.hand(e.attr.ino);
+            }
+            !full
         };
         let r = match route::node(ino.0) {
             Node::Virtual(ino) => self.pipes.readdir(ino, offset, emit),
             Node::Stored(ino) => self.read(|c| read::readdir(c, ino, offset, emit)),
         };
+        drop(handing);
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(to_fuser(e)),

@@ -8,6 +8,9 @@
 //! * [`errno`]: the one mapping from store failures to an errno;
 //! * `invalidate`: on a cluster node, FUSE invalidation notices for the
 //!   changes replication applies that this kernel did not see;
+//! * `kernel_refs`: on a cluster node, the inodes this kernel holds, and
+//!   the releasing of unlinked ones it does not (an unlinked file open
+//!   on any node stays readable there);
 //! * `pipes` and `holders`: the database pipes under `.tablix/pipes`, and
 //!   which processes hold their ends ([`PipeHolders`]), kept true to /proc
 //!   from each close (FLUSH) and fork.
@@ -20,6 +23,7 @@ pub mod errno;
 mod fs;
 mod holders;
 mod invalidate;
+mod kernel_refs;
 mod mount;
 mod pipes;
 mod route;

@@ -11,6 +11,7 @@ use tablix_store::{LogKeeper, Stamp, Store};
 use crate::fs::{FsConfig, TablixFs};
 use crate::holders::PipeHolders;
 use crate::invalidate::InFlight;
+use crate::kernel_refs::KernelRefs;
 
 /// Invalidation notices waiting for the kernel, at most.
 const INVALIDATIONS_QUEUED: usize = 8192;
@@ -63,6 +64,8 @@ pub struct Mounted {
     mountpoint: PathBuf,
     ended: Arc<AtomicBool>,
     holders: Arc<PipeHolders>,
+    /// A cluster node's: stopped with the mount.
+    refs: Option<Arc<KernelRefs>>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -214,8 +217,15 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     let mountpoint = prepare(&options.mountpoint)?;
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
+    // A cluster node's kernel is one of several that may hold unlinked
+    // files open: they are released node by node (`kernel_refs`).
+    let refs = options.fs.node.map(KernelRefs::new);
+    let mounting = match options.fs.node {
+        Some(node) => FsOp::MountNode { uid, gid, node },
+        None => FsOp::Mount { uid, gid },
+    };
     store
-        .apply_fs(Stamp::now(), FsOp::Mount { uid, gid })
+        .apply_fs(Stamp::now(), mounting)
         .map_err(|e| MountError::Store(e.to_string()))?
         .map_err(|e| MountError::Store(e.to_string()))?;
     let mut mount_options = vec![
@@ -249,6 +259,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         Arc::clone(&ended),
         Arc::clone(&in_flight),
         Arc::clone(&holders),
+        refs.clone(),
     );
     let session =
         fuser::spawn_mount(fs, &mountpoint, &config).map_err(|cause| MountError::Fuse {
@@ -279,11 +290,22 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
                 cause,
             })?;
     }
+    if let Some(refs) = &refs {
+        let (refs, store) = (Arc::clone(refs), Arc::clone(&store));
+        std::thread::Builder::new()
+            .name("tablix-fuse-release".into())
+            .spawn(move || crate::kernel_refs::run(refs, store))
+            .map_err(|cause| MountError::Fuse {
+                path: mountpoint.clone(),
+                cause,
+            })?;
+    }
     Ok(Mounted {
         session: Some(session),
         mountpoint,
         ended,
         holders,
+        refs,
     })
 }
 
@@ -316,6 +338,9 @@ impl Mounted {
     }
 
     fn unmount_inner(&mut self) -> Result<(), MountError> {
+        if let Some(refs) = &self.refs {
+            refs.stop();
+        }
         let Some(session) = self.session.take() else {
             return Ok(());
         };

@@ -961,6 +961,71 @@ async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
     }
 }
 
+/// On the leader: records as gone (`FsOp::Unmount`) the mounts of nodes
+/// that are no longer members, so that no unlinked file waits for a
+/// kernel that left (tablix-fs's `tablix_mount`). It looks whenever this
+/// node becomes leader or the membership changes, and again after a
+/// failed try; so a leader that removed itself leaves it to the next.
+async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) {
+    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+        return;
+    };
+    // (term, membership entry) last settled.
+    let mut settled = None;
+    while metrics.changed().await.is_ok() {
+        let (now, members) = {
+            let m = metrics.borrow();
+            if m.state != ServerState::Leader {
+                continue;
+            }
+            let members: BTreeSet<NodeId> =
+                m.membership_config.nodes().map(|(id, _)| *id).collect();
+            ((m.current_term, *m.membership_config.log_id()), members)
+        };
+        if settled == Some(now) {
+            continue;
+        }
+        let read = {
+            let store = Arc::clone(&store);
+            tokio::task::spawn_blocking(move || store.read(|c| tablix_fs::read::mounted_nodes(c)))
+                .await
+        };
+        let gone: Vec<u64> = match read {
+            Ok(Ok(Ok(mounted))) => mounted
+                .into_iter()
+                .filter(|n| !members.contains(n))
+                .collect(),
+            other => {
+                tracing::warn!("reading which nodes mount the file system: {other:?}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let mut done = true;
+        for node in gone {
+            let Some(s) = shared.upgrade() else { return };
+            let command = Stamped::new(
+                tablix_store::Stamp::now(),
+                ReplicatedCommand::Fs(tablix_fs::FsOp::Unmount { node }),
+            );
+            match s.propose_anywhere(command).await {
+                Ok(_) => {
+                    tracing::info!("node {node} left the cluster: its mount is recorded as gone")
+                }
+                Err(e) => {
+                    tracing::warn!("recording node {node}'s mount as gone, to be tried again: {e}");
+                    done = false;
+                }
+            }
+        }
+        if done {
+            settled = Some(now);
+        } else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
 /// A number in `0..n`, different in every process and call.
 fn random_below(n: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -1002,6 +1067,11 @@ impl std::fmt::Debug for ClusterHandle {
 impl ClusterHandle {
     pub fn status(&self) -> ClusterStatus {
         self.0.status()
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.0.id
     }
 
     /// Records the address of this node's SQL API, for other nodes to
@@ -1254,6 +1324,10 @@ impl ClusterNode {
         tokio::spawn(break_split_votes(
             Arc::downgrade(&shared),
             config.election_timeout_ms.1,
+        ));
+        tokio::spawn(forget_gone_mounts(
+            Arc::downgrade(&shared),
+            Arc::clone(&store),
         ));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = crate::service::router(Arc::clone(&shared));

@@ -38,7 +38,7 @@ const DOMAIN_MIGRATIONS: &[&[(u32, &str)]] = &[
     tablix_fs::schema::MIGRATIONS,
 ];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 5;
+pub const LATEST_SCHEMA_VERSION: u32 = 6;
 
 /// The migrations in the order they run.
 fn migrations() -> Vec<(u32, &'static str)> {
@@ -178,6 +178,7 @@ mod tests {
         (3, 0xc9c7_3f21),
         (4, 0x1234_c39b),
         (5, 0xebed_41f5),
+        (6, 0xf900_f321),
     ];
 
     #[test]

@@ -510,6 +510,7 @@ fn mount(
             max_write: 1 << 20,
             data_dir: data.to_path_buf(),
             read_gate,
+            node: cluster.map(|c| c.id()),
         },
         threads: args.fuse_threads as usize,
         allow_other: root || args.allow_other,

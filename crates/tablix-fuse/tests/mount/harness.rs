@@ -80,6 +80,7 @@ pub fn mount_at(mode: Durability, tmp: tempfile::TempDir, data: PathBuf) -> Fixt
             max_write: 1 << 20,
             data_dir: data,
             read_gate: None,
+            node: None,
         },
         threads: 4,
         allow_other: true,

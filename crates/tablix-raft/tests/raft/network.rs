@@ -253,14 +253,52 @@ fn three_nodes_take_writes_through_any_node_and_survive_losing_the_leader() {
         eventually("node 1 caught up", || count(&back.1) == 2).await;
         nodes.push(back);
 
-        // Removing a node: the others keep going without it.
+        // Every node mounts; a removed node's mount goes with it, so no
+        // unlinked file waits for its kernel.
+        for id in 1..=3u64 {
+            nodes[0]
+                .1
+                .submit_fs(Stamped::new(
+                    Stamp::now(),
+                    tablix_fs::FsOp::MountNode {
+                        uid: 0,
+                        gid: 0,
+                        node: id,
+                    },
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let mounted = |store: &Store| {
+            store
+                .read(|c| {
+                    let mut st = c
+                        .prepare("SELECT node FROM tablix_mount ORDER BY node")
+                        .unwrap();
+                    st.query_map([], |r| r.get::<_, i64>(0))
+                        .unwrap()
+                        .map(|r| r.unwrap())
+                        .collect::<Vec<i64>>()
+                })
+                .unwrap()
+        };
+        // Removing a node (a follower: a leader removing itself is
+        // another test's): the others keep going without it.
         let (n1, _) = &nodes[0];
-        n1.remove(3).await.unwrap();
-        for (node, _) in nodes.iter().filter(|(n, _)| n.id() != 3) {
-            eventually("node 3 gone", || {
-                node.status().members.iter().all(|m| m.id != 3)
+        let leader = n1.status().leader.unwrap();
+        let gone = [1, 2, 3].into_iter().find(|&id| id != leader).unwrap();
+        n1.remove(gone).await.unwrap();
+        let left: Vec<i64> = [1, 2, 3]
+            .into_iter()
+            .filter(|&id| id != gone as i64)
+            .collect();
+        for (node, store) in nodes.iter().filter(|(n, _)| n.id() != gone) {
+            eventually("the node gone", || {
+                node.status().members.iter().all(|m| m.id != gone)
             })
             .await;
+            eventually("its mount gone", || mounted(store) == left).await;
         }
         for (node, store) in nodes {
             stop(node, store).await;

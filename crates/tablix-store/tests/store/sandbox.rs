@@ -410,10 +410,11 @@ fn fingerprint(path: &std::path::Path) -> BTreeMap<String, Vec<String>> {
         .map(Result::unwrap)
         .collect();
     for name in tables {
-        let order = if name == "tablix_xattr" {
-            "ino, name"
-        } else {
-            "rowid"
+        // WITHOUT ROWID tables by their keys.
+        let order = match name.as_str() {
+            "tablix_xattr" => "ino, name",
+            "tablix_release" => "ino, node",
+            _ => "rowid",
         };
         // Every Command, refused or not, moves the log position the state
         // records: that is the store's doing, not the user's.

@@ -749,3 +749,72 @@ fn tablix_cluster_reports_a_refused_change_and_an_unreachable_node_as_errors_of_
     assert!(!gone.status.success(), "{said}");
     assert!(said.starts_with("tablix: error: "), "{said}");
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_restart() {
+    tablix_testkit::require::fuse(
+        "a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_restart",
+    );
+    use std::io::{Read, Seek};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = Node::three(dir.path());
+    let mut daemons: Vec<Daemon> = vec![
+        nodes[0].start(&["--bootstrap"]),
+        nodes[1].start(&["--join", &nodes[0].raft]),
+        nodes[2].start(&["--join", &nodes[0].raft]),
+    ];
+    led_by(&nodes, 1);
+    let body: Vec<u8> = (0..150_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(nodes[0].mnt.join("held"), &body).unwrap();
+    eventually("the file on node 2", || {
+        read(&nodes[1].mnt.join("held")).as_ref() == Some(&body)
+    });
+    let mut open = std::fs::File::open(nodes[1].mnt.join("held")).unwrap();
+    let read_all = |f: &mut std::fs::File| {
+        f.rewind().unwrap();
+        let mut got = Vec::new();
+        f.read_to_end(&mut got).map(|_| got)
+    };
+    assert_eq!(read_all(&mut open).unwrap(), body);
+    let unlinked = "SELECT count(*) FROM tablix_inode WHERE nlink = 0";
+    // Unlinked through node 1, whose kernel lets it go at once; node 3
+    // never held it. Both release it within a sweep of their releasers.
+    std::fs::remove_file(nodes[0].mnt.join("held")).unwrap();
+    for d in [&daemons[0], &daemons[2]] {
+        eventually("nodes 1 and 3 to release it", || {
+            local_rows(d, "SELECT count(*) FROM tablix_release") == serde_json::json!([[2]])
+        });
+    }
+    assert_eq!(
+        read_all(&mut open).expect("read after the unlinking"),
+        body,
+        "the file open on node 2 was freed by the others"
+    );
+    // Node 1 restarts: its mount releases what it held, nothing of node 2's.
+    daemons.remove(0).stop();
+    daemons.insert(0, nodes[0].start(&[]));
+    eventually("node 1 back and applying", || {
+        local_rows(&daemons[0], unlinked) == serde_json::json!([[1]])
+    });
+    assert_eq!(
+        read_all(&mut open).expect("read after node 1's restart"),
+        body
+    );
+    // Its last close on node 2 frees it everywhere.
+    drop(open);
+    for d in &daemons {
+        eventually("the unlinked file freed on every node", || {
+            local_rows(d, unlinked) == serde_json::json!([[0]])
+                && local_rows(d, "SELECT count(*) FROM tablix_release") == serde_json::json!([[0]])
+        });
+    }
+    for d in daemons {
+        d.stop();
+    }
+    for n in &nodes {
+        let (code, out) = crate::fsck(&n.data, &[]);
+        assert_eq!(code, Some(0), "fsck of node {}:\n{out}", n.id);
+        assert!(out.contains("clean"), "{out}");
+    }
+}
