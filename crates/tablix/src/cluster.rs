@@ -62,15 +62,54 @@ async fn act_with(args: ClusterArgs, transport: Transport) -> anyhow::Result<Exi
     };
     match changed {
         Ok(()) => {
-            let status = transport
+            let mut status = transport
                 .status(&args.raft, Duration::from_secs(10))
                 .await?;
+            // A node that removed itself no longer knows the cluster: the
+            // status shown is a remaining member's, once it has a leader.
+            if !status.members.iter().any(|m| m.id == status.id) {
+                status = remaining_member_status(&transport, &status).await?;
+            }
             print!("{}", show(&status));
             Ok(ExitCode::SUCCESS)
         }
         // A refusal is reported as every other failure of the command is,
         // by `main`, so that scripts see one shape of error.
         Err(e) => Err(anyhow::anyhow!("the cluster refused: {e}")),
+    }
+}
+
+/// The status of one of `left`'s members that knows a leader among
+/// them, asked in turn for up to 10 s.
+async fn remaining_member_status(
+    transport: &Transport,
+    left: &ClusterStatus,
+) -> anyhow::Result<ClusterStatus> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut last = None;
+        for m in &left.members {
+            match transport.status(&m.addr, Duration::from_secs(2)).await {
+                // Until an election, the members still know the node
+                // that left as their leader.
+                Ok(s)
+                    if s.leader
+                        .is_some_and(|l| s.members.iter().any(|m| m.id == l)) =>
+                {
+                    return Ok(s);
+                }
+                Ok(s) => last = Some(anyhow::anyhow!("node {} knows no new leader yet", s.id)),
+                Err(e) => last = Some(e.into()),
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let why = last.unwrap_or_else(|| anyhow::anyhow!("no member is left"));
+            return Err(why.context(format!(
+                "node {} left the cluster, but no remaining member answered with a leader",
+                left.id
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -818,3 +818,39 @@ fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_rest
         assert!(out.contains("clean"), "{out}");
     }
 }
+
+#[test]
+fn removing_the_leader_through_itself_shows_the_cluster_it_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let raft: Vec<String> = (0..3).map(|_| free_raft_addr()).collect();
+    let mut daemons = vec![node(dir.path(), &raft, 0, &["--bootstrap"])];
+    for i in 1..3 {
+        daemons.push(node(dir.path(), &raft, i, &["--join", &raft[0]]));
+    }
+    eventually("node 1 to lead three", || {
+        raft.iter().all(|r| leader(r) == Some(1))
+    });
+    let out = std::process::Command::new(BIN)
+        .args(["cluster", "--raft", &raft[0], "remove", "1"])
+        .output_limited();
+    let (said, told) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{said}\n{told}");
+    // The status shown is a remaining member's: a leader among them, and
+    // node 1 no longer listed.
+    let first = said.lines().next().unwrap_or_default();
+    assert!(
+        (first.starts_with("node 2 ") || first.starts_with("node 3 "))
+            && (first.contains("leader: node 2") || first.contains("leader: node 3")),
+        "{said}"
+    );
+    assert!(
+        !said.lines().any(|l| l.trim_start().starts_with("1 ")),
+        "{said}"
+    );
+    for d in daemons {
+        d.stop();
+    }
+}
