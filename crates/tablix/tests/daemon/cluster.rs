@@ -752,9 +752,9 @@ fn tablix_cluster_reports_a_refused_change_and_an_unreachable_node_as_errors_of_
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
-fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_restart() {
+fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_goes_when_its_holder_restarts() {
     tablix_testkit::require::fuse(
-        "a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_restart",
+        "a_file_open_on_one_node_outlives_its_unlinking_on_another_and_goes_when_its_holder_restarts",
     );
     use std::io::{Read, Seek};
     let dir = tempfile::tempdir().unwrap();
@@ -801,10 +801,28 @@ fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_that_nodes_rest
         read_all(&mut open).expect("read after node 1's restart"),
         body
     );
-    // Its last close on node 2 frees it everywhere.
+    // A second file, open on node 2 when node 2 is killed.
+    std::fs::write(nodes[0].mnt.join("held2"), b"second").unwrap();
+    eventually("the second file on node 2", || {
+        read(&nodes[1].mnt.join("held2")).as_deref() == Some(&b"second"[..])
+    });
+    let open2 = std::fs::File::open(nodes[1].mnt.join("held2")).unwrap();
+    std::fs::remove_file(nodes[0].mnt.join("held2")).unwrap();
+    // The first file's last close on node 2 frees it everywhere; the
+    // second stays.
     drop(open);
     for d in &daemons {
-        eventually("the unlinked file freed on every node", || {
+        eventually("the first unlinked file freed on every node", || {
+            local_rows(d, unlinked) == serde_json::json!([[1]])
+        });
+    }
+    // Node 2 dies holding the second: when it mounts again, its kernel
+    // holds nothing, and the file goes.
+    daemons[1].die(false);
+    drop(open2);
+    daemons[1] = nodes[1].start(&[]);
+    for d in &daemons {
+        eventually("the second unlinked file freed on every node", || {
             local_rows(d, unlinked) == serde_json::json!([[0]])
                 && local_rows(d, "SELECT count(*) FROM tablix_release") == serde_json::json!([[0]])
         });
