@@ -8,7 +8,7 @@ use crate::checksum;
 use crate::errno::Errno;
 use crate::error::FsError;
 use crate::inode::{attr, check_new_name, child, directory, parent_of};
-use crate::op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime};
+use crate::op::{Attr, FsOp, FsReply, Ino, LockKind, ROOT, SetAttr, SetTime};
 use crate::schema::{
     BLOCK_SIZE, LAST_BLOCK_INDEX, LINK_MAX, MAX_FILE_SIZE, MAX_INO, NAME_MAX, SYMLINK_MAX,
     XATTR_VALUE_MAX, block_key, spans,
@@ -31,6 +31,15 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
             Ok(FsReply::Done)
         }
         FsOp::Unmount { node } => unmount(conn, *node),
+        FsOp::Lock {
+            node,
+            owner,
+            pid,
+            ino,
+            start,
+            end,
+            kind,
+        } => lock(conn, (*node, *owner), *pid, *ino, (*start, *end), *kind),
         FsOp::MakeNode {
             parent,
             name,
@@ -137,6 +146,9 @@ fn mount_node(
     own_root(conn, now, uid, gid)?;
     conn.prepare_cached("INSERT OR IGNORE INTO tablix_mount(node) VALUES (?1)")?
         .execute(params![node as i64])?;
+    // Its kernel restarted: the processes that held its locks hold nothing.
+    conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
+        .execute(params![node as i64])?;
     for ino in unlinked(conn)? {
         release(conn, node, ino)?;
     }
@@ -178,10 +190,86 @@ fn unmount(conn: &Connection, node: u64) -> Result<FsReply, FsError> {
         .execute(params![node as i64])?;
     conn.prepare_cached("DELETE FROM tablix_release WHERE node = ?1")?
         .execute(params![node as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
+        .execute(params![node as i64])?;
     for ino in unlinked(conn)? {
         if released_by_all(conn, ino)? {
             reclaim(conn, ino)?;
         }
+    }
+    Ok(FsReply::Done)
+}
+
+/// Sets `(node, owner)`'s lock on `range` of `ino` (inclusive; an
+/// offset past `i64::MAX`, the kernel's "to the end of the file", is
+/// `i64::MAX`).
+fn lock(
+    conn: &Connection,
+    (node, owner): (u64, u64),
+    pid: u32,
+    ino: Ino,
+    range: (u64, u64),
+    kind: LockKind,
+) -> Result<FsReply, FsError> {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let (start, end) = (clamp(range.0), clamp(range.1));
+    if end < start {
+        return Err(Errno::EINVAL.into());
+    }
+    attr(conn, ino)?;
+    if kind != LockKind::Unlock
+        && crate::read::lock_conflict(conn, ino, (node, owner), range, kind == LockKind::Write)?
+            .is_some()
+    {
+        return Err(Errno::EAGAIN.into());
+    }
+    // The owner's locks over the range are cut out of it, keeping what
+    // lies outside.
+    let held: Vec<(i64, i64, i64, i64)> = conn
+        .prepare_cached(
+            "SELECT start, end, write, pid FROM tablix_lock
+             WHERE ino = ?1 AND node = ?2 AND owner = ?3 AND start <= ?5 AND end >= ?4",
+        )?
+        .query_map(
+            params![ino as i64, node as i64, owner as i64, start, end],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )?
+        .collect::<Result<_, _>>()?;
+    let insert = |s: i64, e: i64, write: i64, pid: i64| -> Result<(), FsError> {
+        conn.prepare_cached(
+            "INSERT INTO tablix_lock(ino, node, owner, start, end, write, pid)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            ino as i64,
+            node as i64,
+            owner as i64,
+            s,
+            e,
+            write,
+            pid
+        ])?;
+        Ok(())
+    };
+    for (s, e, write, held_pid) in held {
+        conn.prepare_cached(
+            "DELETE FROM tablix_lock WHERE ino = ?1 AND node = ?2 AND owner = ?3 AND start = ?4",
+        )?
+        .execute(params![ino as i64, node as i64, owner as i64, s])?;
+        if s < start {
+            insert(s, start - 1, write, held_pid)?;
+        }
+        if e > end {
+            insert(end + 1, e, write, held_pid)?;
+        }
+    }
+    if kind != LockKind::Unlock {
+        insert(
+            start,
+            end,
+            i64::from(kind == LockKind::Write),
+            i64::from(pid),
+        )?;
     }
     Ok(FsReply::Done)
 }
@@ -195,6 +283,8 @@ fn reclaim(conn: &Connection, ino: Ino) -> Result<(), FsError> {
         return Ok(());
     }
     conn.prepare_cached("DELETE FROM tablix_release WHERE ino = ?1")?
+        .execute(params![ino as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_lock WHERE ino = ?1")?
         .execute(params![ino as i64])?;
     delete_blocks_from(conn, ino, 0)?;
     conn.prepare_cached("DELETE FROM tablix_symlink WHERE ino = ?1")?

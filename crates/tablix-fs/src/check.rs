@@ -18,6 +18,7 @@
 //!    has none and is counted as unverified). Data cannot be repaired.
 //! 9. A node's release of an inode (`tablix_release`) names an unlinked
 //!    inode.
+//! 10. A lock (`tablix_lock`) names an existing inode.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -132,6 +133,17 @@ pub fn check(
         &["DELETE FROM tablix_release WHERE ino = ?1"],
         |ino| format!("9: inode {ino} is released by a node but is missing or linked"),
         |ino| format!("removed the releases of inode {ino}"),
+    )?;
+
+    remove_found(
+        conn,
+        repair,
+        &mut r,
+        "SELECT l.ino FROM tablix_lock l LEFT JOIN tablix_inode i ON i.ino = l.ino
+         WHERE i.ino IS NULL GROUP BY l.ino",
+        &["DELETE FROM tablix_lock WHERE ino = ?1"],
+        |ino| format!("10: inode {ino} is locked but missing"),
+        |ino| format!("removed the locks of missing inode {ino}"),
     )?;
 
     // Inodes no entry names: open-but-unlinked ones are expected (nlink 0);

@@ -25,7 +25,7 @@ pub mod schema;
 pub use apply::apply;
 pub use errno::Errno;
 pub use error::FsError;
-pub use op::{Attr, FsOp, FsReply, Ino, ROOT, SetAttr, SetTime, Touched};
+pub use op::{Attr, FsOp, FsReply, Ino, LockKind, ROOT, SetAttr, SetTime, Touched};
 
 #[cfg(test)]
 mod tests;

@@ -140,10 +140,33 @@ pub enum FsOp {
         inodes: Vec<Ino>,
     },
     /// `node` mounts the file system no more (it left the cluster): no
-    /// unlinked inode waits for it.
+    /// unlinked inode waits for it, and its locks go.
     Unmount {
         node: u64,
     },
+    /// A cluster node's advisory lock (a POSIX record lock, or a `flock`
+    /// as a lock of the whole file): sets `owner`'s lock on bytes
+    /// `start..=end` of `ino` to `kind`, splitting what the owner held
+    /// there. Refused with EAGAIN while another owner's lock conflicts.
+    /// `owner` is the kernel's lock owner on `node`; `pid` is for
+    /// F_GETLK.
+    Lock {
+        node: u64,
+        owner: u64,
+        pid: u32,
+        ino: Ino,
+        start: u64,
+        end: u64,
+        kind: LockKind,
+    },
+}
+
+/// What a [`FsOp::Lock`] makes of a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockKind {
+    Read,
+    Write,
+    Unlock,
 }
 
 /// The attributes of one inode, as `stat(2)` shows them.
@@ -215,6 +238,7 @@ impl FsOp {
             FsOp::Mount { .. }
             | FsOp::MountNode { .. }
             | FsOp::Unmount { .. }
+            | FsOp::Lock { .. }
             | FsOp::Check { .. } => Vec::new(),
             FsOp::MakeNode { parent, name, .. }
             | FsOp::Symlink { parent, name, .. }

@@ -299,3 +299,64 @@ pub fn mounted_nodes(conn: &Connection) -> Result<Vec<u64>, FsError> {
         .map(|r| r.map(|n| n as u64))
         .collect::<Result<_, _>>()?)
 }
+
+/// A lock one owner holds (`FsOp::Lock`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    pub node: u64,
+    pub start: u64,
+    pub end: u64,
+    pub write: bool,
+    pub pid: u32,
+}
+
+/// A lock of another owner than `(node, owner)` on `ino` over some of
+/// `start..=end` that a lock of that range conflicts with: every lock
+/// for a write lock, write locks for a read lock.
+pub fn lock_conflict(
+    conn: &Connection,
+    ino: Ino,
+    (node, owner): (u64, u64),
+    (start, end): (u64, u64),
+    write: bool,
+) -> Result<Option<HeldLock>, FsError> {
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Ok(conn
+        .prepare_cached(
+            "SELECT node, start, end, write, pid FROM tablix_lock
+             WHERE ino = ?1 AND NOT (node = ?2 AND owner = ?3)
+               AND start <= ?5 AND end >= ?4 AND (write = 1 OR ?6)
+             ORDER BY start LIMIT 1",
+        )?
+        .query_row(
+            params![
+                ino as i64,
+                node as i64,
+                owner as i64,
+                clamp(start),
+                clamp(end),
+                write
+            ],
+            |r| {
+                Ok(HeldLock {
+                    node: r.get::<_, i64>(0)? as u64,
+                    start: r.get::<_, i64>(1)? as u64,
+                    end: r.get::<_, i64>(2)? as u64,
+                    write: r.get(3)?,
+                    pid: r.get(4)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
+/// Whether `(node, owner)` holds a lock on `ino`.
+pub fn holds_lock(conn: &Connection, ino: Ino, (node, owner): (u64, u64)) -> Result<bool, FsError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM tablix_lock WHERE ino = ?1 AND node = ?2 AND owner = ?3 LIMIT 1",
+        )?
+        .query_row(params![ino as i64, node as i64, owner as i64], |_| Ok(()))
+        .optional()?
+        .is_some())
+}

@@ -86,6 +86,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (3, MIGRATION_3),
     (4, MIGRATION_4),
     (6, MIGRATION_6),
+    (7, MIGRATION_7),
 ];
 
 /// The file system's tables that the store checks at every start (SQLite's
@@ -99,6 +100,7 @@ pub const QUICK_CHECKED: &[&str] = &[
     "tablix_block_sum",
     "tablix_mount",
     "tablix_release",
+    "tablix_lock",
 ];
 
 /// The store's migration 2: creates the file system, with its root
@@ -254,6 +256,25 @@ CREATE TABLE main.tablix_release(
     ino  INTEGER NOT NULL,
     node INTEGER NOT NULL,
     PRIMARY KEY(ino, node)
+) STRICT, WITHOUT ROWID;
+";
+
+/// The store's migration 7, after [`MIGRATION_6`]. Frozen.
+///
+/// A cluster's advisory locks (`FsOp::Lock`): each row is one owner's
+/// lock on bytes `start..=end` of an inode, `write` or not, the owner
+/// being a kernel's lock owner on `node`. A single node's kernel keeps
+/// its locks itself and records none.
+pub const MIGRATION_7: &str = "
+CREATE TABLE main.tablix_lock(
+    ino   INTEGER NOT NULL,
+    node  INTEGER NOT NULL,
+    owner INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    end   INTEGER NOT NULL,
+    write INTEGER NOT NULL,
+    pid   INTEGER NOT NULL,
+    PRIMARY KEY(ino, node, owner, start)
 ) STRICT, WITHOUT ROWID;
 ";
 

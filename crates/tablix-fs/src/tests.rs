@@ -5,9 +5,9 @@ use rusqlite::Connection;
 use proptest::prelude::*;
 
 use crate::check::{self, Options, Report};
-use crate::op::{Attr, FsOp, FsReply, ROOT, SetAttr};
+use crate::op::{Attr, FsOp, FsReply, LockKind, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6};
+use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7};
 use crate::{Errno, FsError, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
@@ -31,7 +31,7 @@ fn migrate(c: &Connection, migrations: &[&str]) {
 
 fn fs() -> Connection {
     let c = fs_v2();
-    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6]);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
 }
@@ -291,7 +291,7 @@ fn migration_4_moves_checksums_and_keeps_data() {
         ],
     )
     .expect("blocks");
-    migrate(&c, &[MIGRATION_4, MIGRATION_6]);
+    migrate(&c, &[MIGRATION_4, MIGRATION_6, MIGRATION_7]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     let r = check(&c, 2, false).expect("check");
     assert!(r.is_clean(), "{r:?}");
@@ -342,7 +342,7 @@ fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
          INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
     )
     .expect("old rows");
-    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6]);
+    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7]);
     let seq: i64 = c
         .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
         .expect("sequence");
@@ -628,4 +628,139 @@ fn check_removes_releases_of_inodes_that_are_not_unlinked() {
         "{report:?}"
     );
     assert!(check(&c, 11, false).expect("recheck").is_clean());
+}
+
+fn lock(
+    c: &Connection,
+    (node, owner): (u64, u64),
+    ino: u64,
+    range: (u64, u64),
+    kind: LockKind,
+) -> Result<FsReply, FsError> {
+    apply(
+        c,
+        20,
+        &FsOp::Lock {
+            node,
+            owner,
+            pid: 7,
+            ino,
+            start: range.0,
+            end: range.1,
+            kind,
+        },
+    )
+}
+
+fn locks_of(c: &Connection, ino: u64) -> Vec<(i64, i64, i64, i64, bool)> {
+    c.prepare("SELECT node, owner, start, end, write FROM tablix_lock WHERE ino = ?1 ORDER BY node, owner, start")
+        .expect("prepare")
+        .query_map([ino as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
+#[test]
+fn locks_of_different_owners_conflict_as_posix_says_and_an_owner_changes_its_own_freely() {
+    let c = fs();
+    let f = node(&c, ROOT, "db", libc::S_IFREG | 0o644);
+    let end = u64::MAX;
+    let (a, b, a_elsewhere) = ((1, 10), (2, 10), (2, 11));
+    // Read locks share; a write lock excludes every other owner's lock.
+    lock(&c, a, f, (0, end), LockKind::Read).expect("a reads");
+    lock(&c, b, f, (100, 199), LockKind::Read).expect("b reads too");
+    assert_eq!(
+        lock(&c, b, f, (0, 0), LockKind::Write),
+        Err(FsError::Errno(Errno::EAGAIN))
+    );
+    assert_eq!(
+        lock(&c, a_elsewhere, f, (150, 150), LockKind::Write),
+        Err(FsError::Errno(Errno::EAGAIN))
+    );
+    // An owner upgrades inside its own lock, splitting it.
+    lock(&c, b, f, (100, 199), LockKind::Unlock).expect("b lets go");
+    lock(&c, a, f, (10, 19), LockKind::Write).expect("a upgrades a part");
+    assert_eq!(
+        locks_of(&c, f),
+        [
+            (1, 10, 0, 9, false),
+            (1, 10, 10, 19, true),
+            (1, 10, 20, i64::MAX, false)
+        ]
+    );
+    // Another owner may read beside the write lock, not over it.
+    lock(&c, b, f, (20, 29), LockKind::Read).expect("beside it");
+    assert_eq!(
+        lock(&c, b, f, (15, 25), LockKind::Read),
+        Err(FsError::Errno(Errno::EAGAIN))
+    );
+    // A refused lock changed nothing.
+    assert_eq!(locks_of(&c, f).len(), 4);
+    // An unlock of the middle leaves both ends.
+    lock(&c, a, f, (5, 24), LockKind::Unlock).expect("a unlocks the middle");
+    assert_eq!(
+        locks_of(&c, f),
+        [
+            (1, 10, 0, 4, false),
+            (1, 10, 25, i64::MAX, false),
+            (2, 10, 20, 29, false)
+        ]
+    );
+    assert_eq!(
+        lock(&c, b, f, (9, 5), LockKind::Read),
+        Err(FsError::Errno(Errno::EINVAL))
+    );
+    assert!(check(&c, 21, false).expect("check").is_clean());
+}
+
+#[test]
+fn a_nodes_locks_go_when_it_mounts_again_or_leaves_and_a_freed_files_with_it() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
+    for node in [1, 2, 3] {
+        apply(
+            &c,
+            2,
+            &FsOp::MountNode {
+                uid: 0,
+                gid: 0,
+                node,
+            },
+        )
+        .expect("mount");
+    }
+    lock(&c, (1, 5), f, (0, 9), LockKind::Write).expect("node 1");
+    lock(&c, (2, 5), f, (10, 19), LockKind::Write).expect("node 2");
+    lock(&c, (3, 5), g, (0, 0), LockKind::Read).expect("node 3");
+    apply(
+        &c,
+        3,
+        &FsOp::MountNode {
+            uid: 0,
+            gid: 0,
+            node: 1,
+        },
+    )
+    .expect("node 1 again");
+    lock(&c, (2, 6), f, (0, 9), LockKind::Write).expect("node 1's lock went");
+    apply(&c, 4, &FsOp::Unmount { node: 2 }).expect("node 2 leaves");
+    assert_eq!(locks_of(&c, f), []);
+    unlink(&c, 5, "g");
+    release(&c, 6, 1, &[g]);
+    release(&c, 6, 3, &[g]);
+    assert_eq!(locks_of(&c, g), [], "freed with its inode");
+    assert_eq!(
+        lock(&c, (3, 5), g, (0, 0), LockKind::Read),
+        Err(FsError::Errno(Errno::ENOENT))
+    );
+    c.execute("INSERT INTO tablix_lock VALUES (999, 1, 1, 0, 0, 1, 1)", [])
+        .expect("damage");
+    let report = check(&c, 7, true).expect("check");
+    assert!(
+        report.problems.iter().any(|p| p.starts_with("10: ")),
+        "{report:?}"
+    );
+    assert!(check(&c, 8, false).expect("recheck").is_clean());
 }

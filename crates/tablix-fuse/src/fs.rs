@@ -13,8 +13,8 @@ use fuser::{
     AccessFlags, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags,
     KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags,
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use tablix_fs::{Attr, Errno, FsError, FsOp, FsReply, Ino, SetAttr, SetTime, read};
 use tablix_store::{Stamp, Store};
@@ -22,6 +22,7 @@ use tablix_store::{Stamp, Store};
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{fs_errno, read_gate_errno, store_errno, to_fuser};
 use crate::kernel_refs::KernelRefs;
+use crate::locks::{LockRequest, Locks, lock_kind};
 use crate::pipes::{CONTROL_INO, Pipes};
 use crate::route::{self, Entry, Node};
 
@@ -66,16 +67,11 @@ pub struct TablixFs {
     in_flight: Arc<crate::invalidate::InFlight>,
     /// On a cluster node, what the kernel holds.
     refs: Option<Arc<KernelRefs>>,
+    /// On a cluster node, the locks that hold across nodes.
+    locks: Option<Arc<Locks>>,
 }
 
 const GENERATION: Generation = Generation(0);
-
-/// How a file (not a pipe) is opened: its cached pages are kept, and its
-/// closes send no FLUSH (nothing is buffered here). With the writeback
-/// cache (async mode) the kernel sends FLUSH anyway, to write pages back.
-fn file_open_flags() -> FopenFlags {
-    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH
-}
 
 impl TablixFs {
     pub(crate) fn new(
@@ -85,6 +81,7 @@ impl TablixFs {
         in_flight: Arc<crate::invalidate::InFlight>,
         holders: Arc<crate::holders::PipeHolders>,
         refs: Option<Arc<KernelRefs>>,
+        locks: Option<Arc<Locks>>,
     ) -> TablixFs {
         TablixFs {
             pipes: Pipes::new(Arc::clone(&store), holders, config.ttl),
@@ -93,6 +90,19 @@ impl TablixFs {
             ended,
             in_flight,
             refs,
+            locks,
+        }
+    }
+
+    /// How a file (not a pipe) is opened: its cached pages are kept, and
+    /// its closes send no FLUSH (nothing is buffered here), but on a
+    /// cluster node, where a close gives up the closer's locks. With the
+    /// writeback cache (async mode) the kernel sends FLUSH anyway, to
+    /// write pages back.
+    fn file_open_flags(&self) -> FopenFlags {
+        match self.locks {
+            Some(_) => FopenFlags::FOPEN_KEEP_CACHE,
+            None => FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
         }
     }
 
@@ -332,6 +342,10 @@ impl Filesystem for TablixFs {
         if self.config.writeback_cache {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
+        if self.locks.is_some() {
+            // The kernel hands its locks to the cluster (`locks.rs`).
+            wanted |= InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS;
+        }
         if let Err(missing) = config.add_capabilities(wanted) {
             tracing::warn!(
                 "the kernel lacks FUSE capabilities {missing:?}; continuing without them"
@@ -568,7 +582,7 @@ impl Filesystem for TablixFs {
         // file comes through this mount. (OPEN cannot be refused with
         // ENOSYS to save the round trip: that would switch it off for the
         // pipe files too.)
-        reply.opened(FileHandle(0), file_open_flags());
+        reply.opened(FileHandle(0), self.file_open_flags());
     }
 
     fn release(
@@ -577,14 +591,84 @@ impl Filesystem for TablixFs {
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        if let Node::Virtual(_) = route::node(ino.0) {
-            self.pipes.release(fh.0);
+        let r = match (route::node(ino.0), &self.locks, lock_owner) {
+            (Node::Virtual(_), _, _) => {
+                self.pipes.release(fh.0);
+                Ok(())
+            }
+            // The open file description's `flock` goes with it.
+            (Node::Stored(ino), Some(locks), Some(owner)) => locks.closed(ino, owner.0),
+            _ => Ok(()),
+        };
+        Self::reply_empty(reply, r);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let r = match (route::node(ino.0), &self.locks) {
+            (Node::Stored(ino), Some(locks)) => lock_kind(typ).and_then(|kind| {
+                locks.conflicting(LockRequest {
+                    ino,
+                    owner: lock_owner.0,
+                    pid,
+                    start,
+                    end,
+                    kind,
+                })
+            }),
+            _ => Err(Errno(libc::ENOLCK)),
+        };
+        match r {
+            Ok((start, end, typ, pid)) => reply.locked(start, end, typ, pid),
+            Err(e) => reply.error(to_fuser(e)),
         }
-        reply.ok();
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let (Node::Stored(ino), Some(locks)) = (route::node(ino.0), &self.locks) else {
+            return reply.error(to_fuser(Errno(libc::ENOLCK)));
+        };
+        match lock_kind(typ) {
+            Ok(kind) => locks.set(
+                LockRequest {
+                    ino,
+                    owner: lock_owner.0,
+                    pid,
+                    start,
+                    end,
+                    kind,
+                },
+                sleep.then_some(req.pid()),
+                reply,
+            ),
+            Err(e) => reply.error(to_fuser(e)),
+        }
     }
 
     fn poll(
@@ -676,17 +760,23 @@ impl Filesystem for TablixFs {
         req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         // A pipe file's FLUSH says who closed a descriptor of it (see
         // holders.rs). A file has nothing buffered here: every write is
         // applied already, and the kernel wrote its cached pages back before
-        // sending this. (ENOSYS would stop FLUSH for the pipe files too.)
-        if let Node::Virtual(_) = route::node(ino.0) {
-            self.pipes.flushed(fh.0, req.pid());
-        }
-        reply.ok();
+        // sending this; on a cluster node the closer's POSIX locks on it
+        // go. (ENOSYS would stop FLUSH for the pipe files too.)
+        let r = match (route::node(ino.0), &self.locks) {
+            (Node::Virtual(_), _) => {
+                self.pipes.flushed(fh.0, req.pid());
+                Ok(())
+            }
+            (Node::Stored(ino), Some(locks)) => locks.closed(ino, lock_owner.0),
+            (Node::Stored(_), None) => Ok(()),
+        };
+        Self::reply_empty(reply, r);
     }
 
     fn fsync(
@@ -885,7 +975,7 @@ impl Filesystem for TablixFs {
                 &file_attr(&a),
                 GENERATION,
                 FileHandle(0),
-                file_open_flags(),
+                self.file_open_flags(),
             ),
             Err(e) => reply.error(to_fuser(e)),
         }

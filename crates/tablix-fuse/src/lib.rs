@@ -11,6 +11,8 @@
 //! * `kernel_refs`: on a cluster node, the inodes this kernel holds, and
 //!   the releasing of unlinked ones it does not (an unlinked file open
 //!   on any node stays readable there);
+//! * `locks`: on a cluster node, POSIX record locks and `flock` locks
+//!   that hold across nodes, as replicated Commands;
 //! * `pipes` and `holders`: the database pipes under `.tablix/pipes`, and
 //!   which processes hold their ends ([`PipeHolders`]), kept true to /proc
 //!   from each close (FLUSH) and fork.
@@ -24,6 +26,7 @@ mod fs;
 mod holders;
 mod invalidate;
 mod kernel_refs;
+mod locks;
 mod mount;
 mod pipes;
 mod route;

@@ -12,6 +12,7 @@ use crate::fs::{FsConfig, TablixFs};
 use crate::holders::PipeHolders;
 use crate::invalidate::InFlight;
 use crate::kernel_refs::KernelRefs;
+use crate::locks::Locks;
 
 /// Invalidation notices waiting for the kernel, at most.
 const INVALIDATIONS_QUEUED: usize = 8192;
@@ -66,6 +67,7 @@ pub struct Mounted {
     holders: Arc<PipeHolders>,
     /// A cluster node's: stopped with the mount.
     refs: Option<Arc<KernelRefs>>,
+    locks: Option<Arc<Locks>>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -220,6 +222,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     // A cluster node's kernel is one of several that may hold unlinked
     // files open: they are released node by node (`kernel_refs`).
     let refs = options.fs.node.map(KernelRefs::new);
+    let locks = options.fs.node.map(|n| Locks::new(n, Arc::clone(&store)));
     let mounting = match options.fs.node {
         Some(node) => FsOp::MountNode { uid, gid, node },
         None => FsOp::Mount { uid, gid },
@@ -260,6 +263,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         Arc::clone(&in_flight),
         Arc::clone(&holders),
         refs.clone(),
+        locks.clone(),
     );
     let session =
         fuser::spawn_mount(fs, &mountpoint, &config).map_err(|cause| MountError::Fuse {
@@ -290,6 +294,22 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
                 cause,
             })?;
     }
+    if let Some(locks) = &locks {
+        locks
+            .start_dropping(session.notifier())
+            .map_err(|cause| MountError::Fuse {
+                path: mountpoint.clone(),
+                cause,
+            })?;
+        let locks = Arc::clone(locks);
+        std::thread::Builder::new()
+            .name("tablix-fuse-locks".into())
+            .spawn(move || crate::locks::run(locks))
+            .map_err(|cause| MountError::Fuse {
+                path: mountpoint.clone(),
+                cause,
+            })?;
+    }
     if let Some(refs) = &refs {
         let (refs, store) = (Arc::clone(refs), Arc::clone(&store));
         std::thread::Builder::new()
@@ -306,6 +326,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         ended,
         holders,
         refs,
+        locks,
     })
 }
 
@@ -340,6 +361,9 @@ impl Mounted {
     fn unmount_inner(&mut self) -> Result<(), MountError> {
         if let Some(refs) = &self.refs {
             refs.stop();
+        }
+        if let Some(locks) = &self.locks {
+            locks.stop();
         }
         let Some(session) = self.session.take() else {
             return Ok(());

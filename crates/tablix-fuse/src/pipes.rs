@@ -906,7 +906,7 @@ const JOB_CONTROL: u64 = (1 << (libc::SIGSTOP - 1))
     | (1 << (libc::SIGCONT - 1));
 
 /// Whether task `tid` is gone or has an unblocked signal pending.
-fn interrupted(tid: u32) -> bool {
+pub(crate) fn interrupted(tid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
         return true;
     };

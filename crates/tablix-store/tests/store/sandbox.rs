@@ -414,6 +414,7 @@ fn fingerprint(path: &std::path::Path) -> BTreeMap<String, Vec<String>> {
         let order = match name.as_str() {
             "tablix_xattr" => "ino, name",
             "tablix_release" => "ino, node",
+            "tablix_lock" => "ino, node, owner, start",
             _ => "rowid",
         };
         // Every Command, refused or not, moves the log position the state

@@ -872,3 +872,153 @@ fn removing_the_leader_through_itself_shows_the_cluster_it_left() {
         d.stop();
     }
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
+    tablix_testkit::require::fuse(
+        "locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them",
+    );
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = Node::three(dir.path());
+    let daemons: Vec<Daemon> = vec![
+        nodes[0].start(&["--bootstrap"]),
+        nodes[1].start(&["--join", &nodes[0].raft]),
+        nodes[2].start(&["--join", &nodes[0].raft]),
+    ];
+    led_by(&nodes, 1);
+    let lk = |n: usize| nodes[n].mnt.join("lk");
+    std::fs::write(lk(0), b"").unwrap();
+    eventually("the lock file on node 2", || {
+        lk(1).exists() && lk(2).exists()
+    });
+    let flock = |args: &[&str], file: &Path| {
+        Command::new("flock")
+            .args(args)
+            .arg(file)
+            .arg("true")
+            .stdin(Stdio::null())
+            .output_limited()
+    };
+    // flock(1) holds the file through node 1 for 2 s.
+    let holder = Command::new("flock")
+        .args(["-x"])
+        .arg(lk(0))
+        .args(["sleep", "2"])
+        .spawn()
+        .unwrap();
+    eventually("node 1's flock in the lock table", || {
+        local_rows(&daemons[1], "SELECT count(*) FROM tablix_lock") == serde_json::json!([[1]])
+    });
+    let refused = flock(&["-n", "-x"], &lk(1));
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "node 2 took a lock node 1 holds"
+    );
+    // A waiter on node 2 gets it once node 1's holder is done.
+    let began = Instant::now();
+    let waited = flock(&["-x", "-w", "20"], &lk(1));
+    assert!(waited.status.success(), "{waited:?}");
+    let mut holder = holder;
+    assert!(
+        holder.try_wait().unwrap().is_some(),
+        "node 2 got the lock while node 1's holder ran"
+    );
+    eprintln!("node 2 waited {:?} for node 1's lock", began.elapsed());
+    // A waiter that gets a signal is answered at once, not when the lock
+    // frees.
+    let holder = Command::new("flock")
+        .args(["-x"])
+        .arg(lk(0))
+        .args(["sleep", "5"])
+        .spawn()
+        .unwrap();
+    eventually("node 1's second flock", || {
+        local_rows(&daemons[2], "SELECT count(*) FROM tablix_lock") == serde_json::json!([[1]])
+    });
+    let began = Instant::now();
+    let interrupted = Command::new("timeout")
+        .args(["-s", "INT", "1", "flock", "-x"])
+        .arg(lk(2))
+        .args(["true"])
+        .output_limited();
+    assert_eq!(interrupted.status.code(), Some(124), "{interrupted:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(4),
+        "the interrupted waiter took {:?}",
+        began.elapsed()
+    );
+    let mut holder = holder;
+    holder.wait().unwrap();
+    // One SQLite database, written from every node at once through its
+    // POSIX locks: no update is lost.
+    let db = |n: usize| nodes[n].mnt.join("counter.db");
+    let python = |script: &str, file: &Path| {
+        Command::new("python3")
+            .args(["-c", script])
+            .arg(file)
+            .stdin(Stdio::null())
+            .output_limited()
+    };
+    let made = python(
+        "import sqlite3, sys\n\
+         c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+         c.execute('PRAGMA journal_mode=DELETE')\n\
+         c.execute('CREATE TABLE c(n)')\n\
+         c.execute('INSERT INTO c VALUES (0)')\n",
+        &db(0),
+    );
+    assert!(made.status.success(), "{made:?}");
+    for n in 1..3 {
+        eventually("the database on every node", || db(n).exists());
+    }
+    let bump = "import sqlite3, sys\n\
+                c = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)\n\
+                for _ in range(40):\n\
+                \x20   c.execute('UPDATE c SET n = n + 1')\n";
+    let writers: Vec<_> = (0..3)
+        .map(|n| {
+            let file = db(n);
+            std::thread::spawn(move || {
+                Command::new("python3")
+                    .args(["-c", bump])
+                    .arg(file)
+                    .stdin(Stdio::null())
+                    .output_limited()
+            })
+        })
+        .collect();
+    for w in writers {
+        let out = w.join().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    for n in 0..3 {
+        let out = python(
+            "import sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             print(c.execute('SELECT n FROM c').fetchone()[0], c.execute('PRAGMA integrity_check').fetchone()[0])\n",
+            &db(n),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "120 ok",
+            "node {}: {out:?}",
+            n + 1
+        );
+    }
+    // Every lock went with its holder's close.
+    for d in &daemons {
+        eventually("no lock left", || {
+            local_rows(d, "SELECT count(*) FROM tablix_lock") == serde_json::json!([[0]])
+        });
+    }
+    for d in daemons {
+        d.stop();
+    }
+    for n in &nodes {
+        let (code, out) = crate::fsck(&n.data, &[]);
+        assert_eq!(code, Some(0), "fsck of node {}:\n{out}", n.id);
+    }
+}
