@@ -908,8 +908,16 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
         .args(["sleep", "2"])
         .spawn()
         .unwrap();
-    eventually("node 1's flock in the lock table", || {
-        local_rows(&daemons[1], "SELECT count(*) FROM tablix_lock") == serde_json::json!([[1]])
+    // Each holder is known by its pid in the lock table, as the node
+    // that will contend sees it.
+    let held_by = |d: &Daemon, pid: u32| {
+        local_rows(
+            d,
+            &format!("SELECT count(*) FROM tablix_lock WHERE pid = {pid}"),
+        ) == serde_json::json!([[1]])
+    };
+    eventually("node 1's flock seen on node 2", || {
+        held_by(&daemons[1], holder.id())
     });
     let refused = flock(&["-n", "-x"], &lk(1));
     assert_eq!(
@@ -935,8 +943,8 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
         .args(["sleep", "5"])
         .spawn()
         .unwrap();
-    eventually("node 1's second flock", || {
-        local_rows(&daemons[2], "SELECT count(*) FROM tablix_lock") == serde_json::json!([[1]])
+    eventually("node 1's second flock seen on node 3", || {
+        held_by(&daemons[2], holder.id())
     });
     let began = Instant::now();
     let interrupted = Command::new("timeout")
