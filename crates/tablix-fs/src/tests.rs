@@ -521,16 +521,7 @@ fn release(c: &Connection, now: i64, node: u64, inodes: &[u64]) {
 fn on_a_cluster_an_unlinked_file_lives_until_every_mounted_node_released_it() {
     let c = fs();
     for node in [1, 2] {
-        apply(
-            &c,
-            2,
-            &FsOp::MountNode {
-                uid: 0,
-                gid: 0,
-                node,
-            },
-        )
-        .expect("mount");
+        mount_node(&c, 2, node);
     }
     let f = self::node(&c, ROOT, "f", libc::S_IFREG | 0o644);
     write(&c, f, 0, b"still open on node 2");
@@ -568,16 +559,7 @@ fn on_a_cluster_an_unlinked_file_lives_until_every_mounted_node_released_it() {
 fn a_node_mounting_again_releases_all_it_held_and_one_that_left_is_waited_for_no_more() {
     let c = fs();
     for node in [1, 2, 3] {
-        apply(
-            &c,
-            2,
-            &FsOp::MountNode {
-                uid: 0,
-                gid: 0,
-                node,
-            },
-        )
-        .expect("mount");
+        mount_node(&c, 2, node);
     }
     let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
     let h = node(&c, ROOT, "h", libc::S_IFREG | 0o644);
@@ -586,16 +568,7 @@ fn a_node_mounting_again_releases_all_it_held_and_one_that_left_is_waited_for_no
     release(&c, 6, 2, &[g, h]);
     release(&c, 6, 3, &[g]);
     // Node 1 restarts: its kernel holds nothing now.
-    apply(
-        &c,
-        7,
-        &FsOp::MountNode {
-            uid: 0,
-            gid: 0,
-            node: 1,
-        },
-    )
-    .expect("mount again");
+    mount_node(&c, 7, 1);
     assert!(!exists(&c, g));
     assert!(exists(&c, h), "node 3 may still hold h");
     // Node 3 leaves the cluster.
@@ -720,30 +693,12 @@ fn a_nodes_locks_go_when_it_mounts_again_or_leaves_and_a_freed_files_with_it() {
     let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
     let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
     for node in [1, 2, 3] {
-        apply(
-            &c,
-            2,
-            &FsOp::MountNode {
-                uid: 0,
-                gid: 0,
-                node,
-            },
-        )
-        .expect("mount");
+        mount_node(&c, 2, node);
     }
     lock(&c, (1, 5), f, (0, 9), LockKind::Write).expect("node 1");
     lock(&c, (2, 5), f, (10, 19), LockKind::Write).expect("node 2");
     lock(&c, (3, 5), g, (0, 0), LockKind::Read).expect("node 3");
-    apply(
-        &c,
-        3,
-        &FsOp::MountNode {
-            uid: 0,
-            gid: 0,
-            node: 1,
-        },
-    )
-    .expect("node 1 again");
+    mount_node(&c, 3, 1);
     lock(&c, (2, 6), f, (0, 9), LockKind::Write).expect("node 1's lock went");
     apply(&c, 4, &FsOp::Unmount { node: 2 }).expect("node 2 leaves");
     assert_eq!(locks_of(&c, f), []);
@@ -763,4 +718,18 @@ fn a_nodes_locks_go_when_it_mounts_again_or_leaves_and_a_freed_files_with_it() {
         "{report:?}"
     );
     assert!(check(&c, 8, false).expect("recheck").is_clean());
+}
+
+/// A cluster node's mount.
+fn mount_node(c: &Connection, now: i64, node: u64) {
+    apply(
+        c,
+        now,
+        &FsOp::MountNode {
+            uid: 0,
+            gid: 0,
+            node,
+        },
+    )
+    .expect("mount");
 }

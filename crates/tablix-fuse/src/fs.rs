@@ -22,7 +22,7 @@ use tablix_store::{Stamp, Store};
 use crate::attr::{file_attr, kind_of, nanos_of};
 use crate::errno::{fs_errno, read_gate_errno, store_errno, to_fuser};
 use crate::kernel_refs::KernelRefs;
-use crate::locks::{LockRequest, Locks, lock_kind};
+use crate::locks::{LockRequest, Locks};
 use crate::pipes::{CONTROL_INO, Pipes};
 use crate::route::{self, Entry, Node};
 
@@ -620,16 +620,10 @@ impl Filesystem for TablixFs {
         reply: ReplyLock,
     ) {
         let r = match (route::node(ino.0), &self.locks) {
-            (Node::Stored(ino), Some(locks)) => lock_kind(typ).and_then(|kind| {
-                locks.conflicting(LockRequest {
-                    ino,
-                    owner: lock_owner.0,
-                    pid,
-                    start,
-                    end,
-                    kind,
-                })
-            }),
+            (Node::Stored(ino), Some(locks)) => {
+                LockRequest::of(ino, lock_owner.0, pid, (start, end), typ)
+                    .and_then(|request| locks.conflicting(request))
+            }
             _ => Err(Errno(libc::ENOLCK)),
         };
         match r {
@@ -654,19 +648,8 @@ impl Filesystem for TablixFs {
         let (Node::Stored(ino), Some(locks)) = (route::node(ino.0), &self.locks) else {
             return reply.error(to_fuser(Errno(libc::ENOLCK)));
         };
-        match lock_kind(typ) {
-            Ok(kind) => locks.set(
-                LockRequest {
-                    ino,
-                    owner: lock_owner.0,
-                    pid,
-                    start,
-                    end,
-                    kind,
-                },
-                sleep.then_some(req.pid()),
-                reply,
-            ),
+        match LockRequest::of(ino, lock_owner.0, pid, (start, end), typ) {
+            Ok(request) => locks.set(request, sleep.then_some(req.pid()), reply),
             Err(e) => reply.error(to_fuser(e)),
         }
     }

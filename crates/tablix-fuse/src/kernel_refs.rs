@@ -186,12 +186,12 @@ impl KernelRefs {
 /// only wait.
 pub(crate) fn run(refs: Arc<KernelRefs>, store: Arc<Store>) {
     while refs.wait_for_turn() {
-        let unlinked = match store.read_latest(|c| unreleased(c, refs.node)) {
-            Ok(Ok(inodes)) => inodes,
-            Ok(Err(e)) => {
-                tracing::warn!("finding unlinked inodes to release: {e}");
-                continue;
-            }
+        let found = store
+            .read_latest(|c| unreleased(c, refs.node).map_err(|e| e.to_string()))
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+        let unlinked = match found {
+            Ok(inodes) => inodes,
             Err(e) => {
                 tracing::warn!("finding unlinked inodes to release: {e}");
                 continue;

@@ -50,6 +50,26 @@ pub(crate) struct LockRequest {
     pub(crate) kind: LockKind,
 }
 
+impl LockRequest {
+    /// A request as the kernel sends it, its `struct flock` type included.
+    pub(crate) fn of(
+        ino: Ino,
+        owner: u64,
+        pid: u32,
+        (start, end): (u64, u64),
+        typ: i32,
+    ) -> Result<LockRequest, Errno> {
+        Ok(LockRequest {
+            ino,
+            owner,
+            pid,
+            start,
+            end,
+            kind: lock_kind(typ)?,
+        })
+    }
+}
+
 struct Parked {
     request: LockRequest,
     /// The task that waits (a thread of the lock's process), whose
@@ -145,20 +165,7 @@ impl Locks {
         if request.kind == LockKind::Unlock {
             return Err(Errno::EINVAL);
         }
-        let found = self
-            .store
-            .read(|c| {
-                read::lock_conflict(
-                    c,
-                    request.ino,
-                    (self.node, request.owner),
-                    (request.start, request.end),
-                    request.kind == LockKind::Write,
-                )
-            })
-            .map_err(|e| store_errno(&e))?
-            .map_err(|e| fs_errno(&e))?;
-        Ok(match found {
+        Ok(match self.conflict(request)? {
             Some(held) => (
                 held.start,
                 held.end,
@@ -250,8 +257,8 @@ impl Locks {
         self.changed.notify_all();
     }
 
-    /// Whether the node's state shows something in `request`'s way.
-    fn blocked(&self, request: LockRequest) -> bool {
+    /// What in the node's state stands in `request`'s way.
+    fn conflict(&self, request: LockRequest) -> Result<Option<read::HeldLock>, Errno> {
         self.store
             .read(|c| {
                 read::lock_conflict(
@@ -262,8 +269,8 @@ impl Locks {
                     request.kind == LockKind::Write,
                 )
             })
-            .map(|r| !matches!(r, Ok(None)))
-            .unwrap_or(true)
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| fs_errno(&e))
     }
 }
 
@@ -293,7 +300,7 @@ pub(crate) fn run(locks: Arc<Locks>) {
         for p in parked {
             if crate::pipes::interrupted(p.waiter) {
                 p.reply.error(to_fuser(Errno::EINTR));
-            } else if locks.blocked(p.request) {
+            } else if !matches!(locks.conflict(p.request), Ok(None)) {
                 still.push(p);
             } else {
                 match locks.take(p.request) {
