@@ -31,6 +31,11 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
             Ok(FsReply::Done)
         }
         FsOp::Unmount { node } => unmount(conn, *node),
+        FsOp::ExpireLocks { node } => {
+            conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
+                .execute(params![*node as i64])?;
+            Ok(FsReply::Done)
+        }
         FsOp::Lock {
             node,
             owner,

@@ -159,6 +159,12 @@ pub enum FsOp {
         end: u64,
         kind: LockKind,
     },
+    /// Every lock `node` holds goes: its lease ran out (the leader heard
+    /// nothing from it for that long). It stays a mount, with the
+    /// unlinked files it holds open.
+    ExpireLocks {
+        node: u64,
+    },
 }
 
 /// What a [`FsOp::Lock`] makes of a range.
@@ -239,6 +245,7 @@ impl FsOp {
             | FsOp::MountNode { .. }
             | FsOp::Unmount { .. }
             | FsOp::Lock { .. }
+            | FsOp::ExpireLocks { .. }
             | FsOp::Check { .. } => Vec::new(),
             FsOp::MakeNode { parent, name, .. }
             | FsOp::Symlink { parent, name, .. }

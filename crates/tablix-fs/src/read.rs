@@ -300,6 +300,17 @@ pub fn mounted_nodes(conn: &Connection) -> Result<Vec<u64>, FsError> {
         .collect::<Result<_, _>>()?)
 }
 
+/// The nodes that hold a lock (`FsOp::Lock`), until they unlock, leave
+/// (`FsOp::Unmount`), mount again or their lease runs out
+/// (`FsOp::ExpireLocks`).
+pub fn lock_holders(conn: &Connection) -> Result<Vec<u64>, FsError> {
+    let mut st = conn.prepare_cached("SELECT DISTINCT node FROM tablix_lock ORDER BY node")?;
+    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
+    Ok(rows
+        .map(|r| r.map(|n| n as u64))
+        .collect::<Result<_, _>>()?)
+}
+
 /// A lock one owner holds (`FsOp::Lock`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeldLock {

@@ -733,3 +733,46 @@ fn mount_node(c: &Connection, now: i64, node: u64) {
     )
     .expect("mount");
 }
+
+#[test]
+fn an_expired_lease_takes_one_nodes_locks_and_leaves_its_mount_and_open_files() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    let g = node(&c, ROOT, "g", libc::S_IFREG | 0o644);
+    for node in [1, 2] {
+        mount_node(&c, 2, node);
+    }
+    lock(&c, (1, 5), f, (0, 9), LockKind::Write).expect("node 1");
+    lock(&c, (2, 5), f, (10, 19), LockKind::Write).expect("node 2");
+    lock(&c, (2, 6), g, (0, 0), LockKind::Read).expect("node 2 again");
+    assert_eq!(read::lock_holders(&c).expect("holders"), [1, 2]);
+    // Node 2 holds g open after its unlinking.
+    unlink(&c, 3, "g");
+    release(&c, 4, 1, &[g]);
+    apply(&c, 5, &FsOp::ExpireLocks { node: 2 }).expect("expire");
+    assert_eq!(read::lock_holders(&c).expect("holders"), [1]);
+    assert_eq!(locks_of(&c, f), [(1, 5, 0, 9, true)]);
+    assert_eq!(locks_of(&c, g), []);
+    assert_eq!(
+        read::mounted_nodes(&c).expect("mounts"),
+        [1, 2],
+        "still a mount"
+    );
+    assert!(
+        read::getattr(&c, g).is_ok(),
+        "the file node 2 holds open stays"
+    );
+    // What node 2 held is free; node 1's lock still stands.
+    lock(&c, (1, 7), f, (10, 19), LockKind::Write).expect("free now");
+    assert_eq!(
+        lock(&c, (2, 5), f, (0, 0), LockKind::Read),
+        Err(FsError::Errno(Errno::EAGAIN))
+    );
+    // Expiring a node without locks changes nothing.
+    apply(&c, 6, &FsOp::ExpireLocks { node: 9 }).expect("no locks");
+    let report = check(&c, 7, false).expect("check");
+    assert!(
+        report.problems.iter().all(|p| p.starts_with("5: ")),
+        "only the file held open is reported: {report:?}"
+    );
+}

@@ -90,6 +90,9 @@ pub struct ClusterConfig {
     pub snapshot_chunk_bytes: u64,
     pub heartbeat_ms: u64,
     pub election_timeout_ms: (u64, u64),
+    /// The lock lease: the leader expires the file-system locks of a node
+    /// that answered none of its RPCs for this long (zero: never).
+    pub lock_lease: Duration,
 }
 
 impl ClusterConfig {
@@ -110,6 +113,7 @@ impl ClusterConfig {
             snapshot_chunk_bytes: 3 << 20,
             heartbeat_ms: 50,
             election_timeout_ms: (300, 900),
+            lock_lease: Duration::from_secs(30),
         }
     }
 }
@@ -1026,6 +1030,95 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
     }
 }
 
+/// The lock lease. On the leader: expires (`FsOp::ExpireLocks`) the
+/// locks of a node that has answered none of its RPCs (heartbeats are
+/// some) for `lease`, counted from when this node took office at the
+/// earliest, so that a lock held on a machine that died is not held
+/// forever. On any other node: says once when no leader has been heard
+/// from for `lease` while this node's processes hold locks, since the
+/// leader may be taking them (and while no leader is reachable, nothing
+/// here can write anyway).
+async fn keep_lock_leases(shared: std::sync::Weak<Shared>, store: Arc<Store>, lease: Duration) {
+    let tick = (lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    // The term this node leads in, and since when.
+    let mut leading: Option<(u64, Instant)> = None;
+    let mut warned = false;
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(s) = shared.upgrade() else { return };
+        let (state, term) = {
+            let m = s.raft.metrics();
+            let m = m.borrow();
+            (m.state, m.current_term)
+        };
+        let read = {
+            let store = Arc::clone(&store);
+            tokio::task::spawn_blocking(move || store.read(|c| tablix_fs::read::lock_holders(c)))
+                .await
+        };
+        let holders = match read {
+            Ok(Ok(Ok(holders))) => holders,
+            other => {
+                tracing::warn!("reading which nodes hold locks: {other:?}");
+                continue;
+            }
+        };
+        if state != ServerState::Leader {
+            leading = None;
+            let silent = s
+                .last_contact
+                .lock()
+                .ok()
+                .and_then(|t| t.map(|t| t.elapsed()))
+                .is_some_and(|e| e >= lease);
+            if silent && holders.contains(&s.id) {
+                if !warned {
+                    tracing::warn!(
+                        "no leader has been heard from for {} s (the lock lease): the locks this node's processes hold may be expired by the cluster",
+                        lease.as_secs_f64()
+                    );
+                }
+                warned = true;
+            } else {
+                warned = false;
+            }
+            continue;
+        }
+        warned = false;
+        let since = match leading {
+            Some((t, since)) if t == term => since,
+            _ => {
+                let now = Instant::now();
+                leading = Some((term, now));
+                now
+            }
+        };
+        for node in holders.into_iter().filter(|n| *n != s.id) {
+            let heard = s
+                .transport
+                .last_answer(node)
+                .map_or(since, |t| t.max(since));
+            if heard.elapsed() < lease {
+                continue;
+            }
+            let command = Stamped::new(
+                tablix_store::Stamp::now(),
+                ReplicatedCommand::Fs(tablix_fs::FsOp::ExpireLocks { node }),
+            );
+            match s.propose_anywhere(command).await {
+                Ok(_) => tracing::warn!(
+                    "node {node} has answered nothing for {:.1} s (the lock lease is {} s): its locks are expired",
+                    heard.elapsed().as_secs_f64(),
+                    lease.as_secs_f64()
+                ),
+                Err(e) => {
+                    tracing::warn!("expiring the locks of node {node}, to be tried again: {e}")
+                }
+            }
+        }
+    }
+}
+
 /// A number in `0..n`, different in every process and call.
 fn random_below(n: u64) -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -1329,6 +1422,13 @@ impl ClusterNode {
             Arc::downgrade(&shared),
             Arc::clone(&store),
         ));
+        if !config.lock_lease.is_zero() {
+            tokio::spawn(keep_lock_leases(
+                Arc::downgrade(&shared),
+                Arc::clone(&store),
+                config.lock_lease,
+            ));
+        }
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let router = crate::service::router(Arc::clone(&shared));
         let tls = config.tls.clone();

@@ -111,6 +111,9 @@ pub struct Transport {
     /// Faults injected into every request (tests), with the state of the
     /// generator that decides each request's fate.
     faults: std::sync::Arc<std::sync::Mutex<Option<(Faults, u64)>>>,
+    /// When each node last answered one of openraft's RPCs (heartbeats
+    /// included): the leader's measure of which nodes it can reach.
+    answered: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<NodeId, Instant>>>,
 }
 
 /// Faults a test injects into a transport: each request independently
@@ -177,7 +180,14 @@ impl Transport {
             identity,
             cut: Default::default(),
             faults: Default::default(),
+            answered: Default::default(),
         }
+    }
+
+    /// When `node` last answered an RPC of openraft's sent through this
+    /// transport (or its clones), if ever.
+    pub fn last_answer(&self, node: NodeId) -> Option<Instant> {
+        self.answered.lock().ok()?.get(&node).copied()
     }
 
     /// From now on every request to `addr` fails as if the network
@@ -459,6 +469,11 @@ impl Peer {
             .transport
             .call(&self.addr, path, request, ttl)
             .await
+            .inspect(|_| {
+                if let Ok(mut answered) = self.transport.answered.lock() {
+                    answered.insert(self.target, Instant::now());
+                }
+            })
             .map_err(|e| match e {
                 TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
                 TransportError::NoAnswer { .. } => RPCError::Timeout(Timeout {

@@ -321,6 +321,12 @@ pub struct UpArgs {
         requires = "raft"
     )]
     pub mount_read: MountReadArg,
+    /// On a cluster node, the lock lease: the leader expires the
+    /// file-system locks (fcntl, lockf, flock) of a node it has heard
+    /// nothing from for this long, so that a machine that died holds
+    /// none for good (0: never).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "raft")]
+    pub lock_lease: u64,
     /// Take a snapshot (and compact the log behind it) every this many
     /// applied entries.
     #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]

@@ -87,6 +87,7 @@ fn cluster_config(args: &UpArgs, data: &Path) -> anyhow::Result<Option<ClusterCo
     config.tls = tls;
     config.advertise = args.raft_advertise.clone();
     config.snapshot_every = args.snapshot_every;
+    config.lock_lease = Duration::from_secs(args.lock_lease);
     config.join_wait = Duration::from_secs(args.join_wait);
     config.start = match (&args.join, args.bootstrap) {
         (Some(peer), _) => Start::Join(peer.clone()),

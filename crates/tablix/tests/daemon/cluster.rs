@@ -1030,3 +1030,77 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
         assert_eq!(code, Some(0), "fsck of node {}:\n{out}", n.id);
     }
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out() {
+    tablix_testkit::require::fuse("a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out");
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = Node::three(dir.path());
+    let lease = ["--lock-lease", "2"];
+    let mut daemons: Vec<Daemon> = vec![
+        nodes[0].start(&["--bootstrap", lease[0], lease[1]]),
+        nodes[1].start(&["--join", &nodes[0].raft, lease[0], lease[1]]),
+        nodes[2].start(&["--join", &nodes[0].raft, lease[0], lease[1]]),
+    ];
+    led_by(&nodes, 1);
+    let lk = |n: usize| nodes[n].mnt.join("lk");
+    std::fs::write(lk(0), b"").unwrap();
+    eventually("the lock file on node 3", || lk(2).exists());
+    let flock = |args: &[&str], file: &Path| {
+        Command::new("flock")
+            .args(args)
+            .arg(file)
+            .arg("true")
+            .stdin(Stdio::null())
+            .output_limited()
+    };
+    // A process on node 3 holds the file, and keeps holding it while node 3
+    // answers the leader: past several leases.
+    let mut holder = Command::new("flock")
+        .args(["-x"])
+        .arg(lk(2))
+        .args(["sleep", "600"])
+        .spawn()
+        .unwrap();
+    let holders = |d: &Daemon| {
+        local_rows(
+            d,
+            &format!(
+                "SELECT count(*) FROM tablix_lock WHERE node = 3 AND pid = {}",
+                holder.id()
+            ),
+        )
+    };
+    eventually("node 3's flock seen on node 1", || {
+        holders(&daemons[0]) == serde_json::json!([[1]])
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        flock(&["-n", "-x"], &lk(0)).status.code(),
+        Some(1),
+        "node 1 took the lock of a node that is alive"
+    );
+    // Node 3's machine dies with the lock held: a waiter on node 1 gets
+    // it once the lease ran out.
+    daemons[2].die(false);
+    let waited = flock(&["-x", "-w", "60"], &lk(0));
+    assert!(waited.status.success(), "{waited:?}");
+    for d in &daemons[..2] {
+        eventually("node 3's locks gone on nodes 1 and 2", || {
+            local_rows(d, "SELECT count(*) FROM tablix_lock WHERE node = 3")
+                == serde_json::json!([[0]])
+        });
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+    // Node 3 comes back and locks again.
+    daemons[2] = nodes[2].start(&[lease[0], lease[1]]);
+    eventually("a lock taken on node 3 after its return", || {
+        flock(&["-n", "-x"], &lk(2)).status.success()
+    });
+    for d in daemons {
+        d.stop();
+    }
+}
