@@ -305,7 +305,7 @@ impl Shared {
     fn leader(&self) -> Option<(NodeId, String)> {
         let m = self.raft.metrics();
         let m = m.borrow();
-        let id = m.current_leader?;
+        let id = named_leader(&m, self.id)?;
         let addr = m
             .membership_config
             .nodes()
@@ -327,22 +327,26 @@ impl Shared {
                 voter: voters.contains(id),
             })
             .collect::<Vec<_>>();
-        let leader_addr = m
-            .current_leader
-            .and_then(|l| members.iter().find(|n| n.id == l).map(|n| n.addr.clone()));
+        let leader = named_leader(&m, self.id);
+        let leader_addr =
+            leader.and_then(|l| members.iter().find(|n| n.id == l).map(|n| n.addr.clone()));
         ClusterStatus {
             id: self.id,
             addr: self.addr.clone(),
-            state: match m.state {
-                ServerState::Leader => "leader",
-                ServerState::Follower => "follower",
-                ServerState::Candidate => "candidate",
-                ServerState::Learner => "learner",
-                ServerState::Shutdown => "shutdown",
+            state: if removed(&m, self.id) {
+                "removed"
+            } else {
+                match m.state {
+                    ServerState::Leader => "leader",
+                    ServerState::Follower => "follower",
+                    ServerState::Candidate => "candidate",
+                    ServerState::Learner => "learner",
+                    ServerState::Shutdown => "shutdown",
+                }
             }
             .to_string(),
             term: m.current_term,
-            leader: m.current_leader,
+            leader,
             leader_addr,
             last_log_index: m
                 .last_log_index
@@ -425,6 +429,9 @@ impl Shared {
         let seed = command.stamp.seed;
         let mut last = String::from("no leader is known");
         loop {
+            if removed(&self.raft.metrics().borrow(), self.id) {
+                last = "this node is no longer a member of its cluster: it was removed".into();
+            }
             match self.leader() {
                 Some((id, _)) if id == self.id && self.is_transferring() => {
                     last = "this node is handing leadership over".into();
@@ -498,7 +505,7 @@ impl Shared {
     /// On the leader: the index (openraft's) a node must have applied
     /// before a read of `barrier` runs on its state.
     pub(crate) async fn read_index_here(&self, barrier: ReadBarrier) -> Result<u64, ProposeError> {
-        let leader = self.raft.metrics().borrow().current_leader;
+        let leader = named_leader(&self.raft.metrics().borrow(), self.id);
         if leader != Some(self.id) {
             return Err(ProposeError::NotLeader { leader });
         }
@@ -1030,6 +1037,24 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
     }
 }
 
+/// The leader `me`'s metrics name. Openraft goes on naming a leader that
+/// left office with no successor in sight (a leader that removed itself
+/// names itself still), so a node names itself only while it leads.
+fn named_leader(m: &openraft::RaftMetrics<NodeId, Node>, me: NodeId) -> Option<NodeId> {
+    match m.current_leader {
+        Some(l) if l == me && m.state != ServerState::Leader => None,
+        named => named,
+    }
+}
+
+/// Whether `me` was a member and is no longer: its membership names
+/// other nodes and not it. (A node waiting to be added knows no
+/// membership yet.)
+fn removed(m: &openraft::RaftMetrics<NodeId, Node>, me: NodeId) -> bool {
+    let mut nodes = m.membership_config.nodes().map(|(id, _)| *id).peekable();
+    nodes.peek().is_some() && !nodes.any(|id| id == me)
+}
+
 /// The lock lease. On the leader: expires (`FsOp::ExpireLocks`) the
 /// locks of a node that has answered none of its RPCs (heartbeats are
 /// some) for `lease`, counted from when this node took office at the
@@ -1038,24 +1063,42 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
 /// from for `lease` while this node's processes hold locks, since the
 /// leader may be taking them (and while no leader is reachable, nothing
 /// here can write anyway).
-async fn keep_lock_leases(shared: std::sync::Weak<Shared>, store: Arc<Store>, lease: Duration) {
+/// It holds neither the node nor its store between looks, and ends when
+/// openraft stops.
+async fn keep_lock_leases(
+    shared: std::sync::Weak<Shared>,
+    store: std::sync::Weak<Store>,
+    lease: Duration,
+) {
+    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+        return;
+    };
     let tick = (lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut next = tokio::time::Instant::now() + tick;
     // The term this node leads in, and since when.
     let mut leading: Option<(u64, Instant)> = None;
     let mut warned = false;
     loop {
-        tokio::time::sleep(tick).await;
-        let Some(s) = shared.upgrade() else { return };
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => next += tick,
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        let (Some(s), Some(store)) = (shared.upgrade(), store.upgrade()) else {
+            return;
+        };
         let (state, term) = {
             let m = s.raft.metrics();
             let m = m.borrow();
             (m.state, m.current_term)
         };
-        let read = {
-            let store = Arc::clone(&store);
+        let read =
             tokio::task::spawn_blocking(move || store.read(|c| tablix_fs::read::lock_holders(c)))
-                .await
-        };
+                .await;
         let holders = match read {
             Ok(Ok(Ok(holders))) => holders,
             other => {
@@ -1194,14 +1237,14 @@ impl ClusterHandle {
     }
 
     pub fn is_leader(&self) -> bool {
-        self.0.raft.metrics().borrow().current_leader == Some(self.0.id)
+        named_leader(&self.0.raft.metrics().borrow(), self.0.id) == Some(self.0.id)
     }
 
     /// How fresh this node's state is; `None` on the leader, whose state
     /// is as fresh as the cluster's.
     pub fn freshness(&self) -> Option<Freshness> {
         let m = self.0.raft.metrics().borrow().clone();
-        if m.current_leader == Some(self.0.id) {
+        if named_leader(&m, self.0.id) == Some(self.0.id) {
             return None;
         }
         let since_leader = self
@@ -1425,7 +1468,7 @@ impl ClusterNode {
         if !config.lock_lease.is_zero() {
             tokio::spawn(keep_lock_leases(
                 Arc::downgrade(&shared),
-                Arc::clone(&store),
+                Arc::downgrade(&store),
                 config.lock_lease,
             ));
         }

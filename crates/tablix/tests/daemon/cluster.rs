@@ -868,6 +868,28 @@ fn removing_the_leader_through_itself_shows_the_cluster_it_left() {
         !said.lines().any(|l| l.trim_start().starts_with("1 ")),
         "{said}"
     );
+    // Node 1 itself says it was removed and names no leader, and a write
+    // sent to it is refused saying so.
+    let out = std::process::Command::new(BIN)
+        .args(["cluster", "--raft", &raft[0], "status", "--json"])
+        .output_limited();
+    let own: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(own["state"], "removed", "{own}");
+    assert_eq!(own["leader"], serde_json::Value::Null, "{own}");
+    assert_eq!(leader(&raft[0]), None);
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut r = agent
+        .post(format!("http://{}/db/execute", daemons[0].addr))
+        .send(r#"["CREATE TABLE after_removal(x)"]"#)
+        .unwrap();
+    let status = r.status();
+    let body = r.body_mut().read_to_string().unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("no longer a member"), "{body}");
     for d in daemons {
         d.stop();
     }
