@@ -283,6 +283,17 @@ fn components(path: &[u8]) -> std::collections::VecDeque<Vec<u8>> {
         .collect()
 }
 
+/// Whether a name of `ino` ends with `suffix`.
+pub fn named_with_suffix(conn: &Connection, ino: Ino, suffix: &[u8]) -> Result<bool, FsError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM tablix_dirent WHERE ino = ?1 AND substr(name, -?3) = ?2 LIMIT 1",
+        )?
+        .query_row(params![ino as i64, suffix, suffix.len() as i64], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
 /// Inodes in use, for statfs.
 pub fn inode_count(conn: &Connection) -> Result<u64, FsError> {
     Ok(conn

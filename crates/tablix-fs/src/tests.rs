@@ -776,3 +776,25 @@ fn an_expired_lease_takes_one_nodes_locks_and_leaves_its_mount_and_open_files() 
         "only the file held open is reported: {report:?}"
     );
 }
+
+#[test]
+fn an_inode_is_found_by_the_end_of_any_of_its_names() {
+    let c = fs();
+    let shm = node(&c, ROOT, "db-shm", libc::S_IFREG | 0o644);
+    let plain = node(&c, ROOT, "db", libc::S_IFREG | 0o644);
+    assert!(read::named_with_suffix(&c, shm, b"-shm").expect("shm"));
+    assert!(!read::named_with_suffix(&c, plain, b"-shm").expect("plain"));
+    assert!(!read::named_with_suffix(&c, plain, b"a-longer-suffix").expect("longer"));
+    // A second name counts as much as the first.
+    apply(
+        &c,
+        3,
+        &FsOp::Link {
+            ino: plain,
+            parent: ROOT,
+            name: b"other-shm".to_vec(),
+        },
+    )
+    .expect("link");
+    assert!(read::named_with_suffix(&c, plain, b"-shm").expect("linked"));
+}

@@ -69,9 +69,14 @@ pub struct TablixFs {
     refs: Option<Arc<KernelRefs>>,
     /// On a cluster node, the locks that hold across nodes.
     locks: Option<Arc<Locks>>,
+    /// Whether a refused SQLite WAL index was logged (once a mount).
+    shm_refusal_logged: AtomicBool,
 }
 
 const GENERATION: Generation = Generation(0);
+
+/// How SQLite names a database's WAL index: the database's name and this.
+const SHARED_MEMORY_SUFFIX: &[u8] = b"-shm";
 
 impl TablixFs {
     pub(crate) fn new(
@@ -91,6 +96,7 @@ impl TablixFs {
             in_flight,
             refs,
             locks,
+            shm_refusal_logged: AtomicBool::new(false),
         }
     }
 
@@ -104,6 +110,20 @@ impl TablixFs {
             Some(_) => FopenFlags::FOPEN_KEEP_CACHE,
             None => FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
         }
+    }
+
+    /// The open flags of a file named `*-shm` on a cluster node: direct
+    /// I/O, which makes the kernel refuse to map it shared (ENODEV). Such
+    /// a file is SQLite's WAL index, shared memory that each node's kernel
+    /// would keep apart from the others': SQLite in WAL mode on two nodes
+    /// would lose updates. Refused, it answers an I/O error instead.
+    fn shared_memory_open_flags(&self) -> FopenFlags {
+        if !self.shm_refusal_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "a SQLite WAL index (a file named *-shm) was opened on a cluster node's mount: shared memory cannot span nodes, so mapping it is refused and SQLite reports an I/O error; use a rollback journal (PRAGMA journal_mode=DELETE) or PRAGMA locking_mode=EXCLUSIVE before WAL"
+            );
+        }
+        self.file_open_flags() | FopenFlags::FOPEN_DIRECT_IO
     }
 
     /// Runs `op`, which may hand the kernel one inode (its `Ok`), as an
@@ -582,7 +602,20 @@ impl Filesystem for TablixFs {
         // file comes through this mount. (OPEN cannot be refused with
         // ENOSYS to save the round trip: that would switch it off for the
         // pipe files too.)
-        reply.opened(FileHandle(0), self.file_open_flags());
+        let shm = match (route::node(ino.0), &self.locks) {
+            (Node::Stored(ino), Some(_)) => {
+                match self.read(|c| read::named_with_suffix(c, ino, SHARED_MEMORY_SUFFIX)) {
+                    Ok(shm) => shm,
+                    Err(e) => return reply.error(to_fuser(e)),
+                }
+            }
+            _ => false,
+        };
+        if shm {
+            reply.opened(FileHandle(0), self.shared_memory_open_flags());
+        } else {
+            reply.opened(FileHandle(0), self.file_open_flags());
+        }
     }
 
     fn release(
@@ -958,7 +991,11 @@ impl Filesystem for TablixFs {
                 &file_attr(&a),
                 GENERATION,
                 FileHandle(0),
-                self.file_open_flags(),
+                if self.locks.is_some() && name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX) {
+                    self.shared_memory_open_flags()
+                } else {
+                    self.file_open_flags()
+                },
             ),
             Err(e) => reply.error(to_fuser(e)),
         }

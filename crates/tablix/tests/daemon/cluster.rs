@@ -1038,10 +1038,49 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
             n + 1
         );
     }
-    // Every lock went with its holder's close.
+    // WAL mode's index is shared memory, which no node shares with
+    // another: mapping it is refused, so SQLite fails loudly instead of
+    // losing updates. Without the shared index (exclusive locking) WAL
+    // works, one connection at a time.
+    let wal = python(
+        "import sqlite3, sys\n\
+         c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+         c.execute('PRAGMA journal_mode=WAL')\n\
+         c.execute('CREATE TABLE w(x)')\n",
+        &nodes[1].mnt.join("wal.db"),
+    );
+    assert!(!wal.status.success(), "{wal:?}");
+    assert!(
+        String::from_utf8_lossy(&wal.stderr).contains("disk I/O error"),
+        "{wal:?}"
+    );
+    eventually("the WAL database on node 3", || {
+        nodes[2].mnt.join("wal.db").exists()
+    });
+    let exclusive = python(
+        "import sqlite3, sys\n\
+         c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+         c.execute('PRAGMA locking_mode=EXCLUSIVE')\n\
+         print(c.execute('PRAGMA journal_mode=WAL').fetchone()[0])\n\
+         c.execute('CREATE TABLE IF NOT EXISTS w(x)')\n\
+         c.execute('INSERT INTO w VALUES (1)')\n\
+         print(c.execute('SELECT count(*) FROM w').fetchone()[0])\n",
+        &nodes[2].mnt.join("wal.db"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&exclusive.stdout).trim(),
+        "wal\n1",
+        "{exclusive:?}"
+    );
+    // Every lock went with its holder's close, and every file SQLite
+    // deleted while it had it open (its WAL) with its last close.
     for d in &daemons {
         eventually("no lock left", || {
             local_rows(d, "SELECT count(*) FROM tablix_lock") == serde_json::json!([[0]])
+        });
+        eventually("no unlinked file left", || {
+            local_rows(d, "SELECT count(*) FROM tablix_inode WHERE nlink = 0")
+                == serde_json::json!([[0]])
         });
     }
     for d in daemons {
