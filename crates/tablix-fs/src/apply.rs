@@ -77,6 +77,14 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
             data,
             kill_suidgid,
         } => write(conn, now, *ino, *offset, data, *kill_suidgid),
+        FsOp::Append {
+            ino,
+            data,
+            kill_suidgid,
+        } => {
+            let end = regular_file(conn, *ino)?.size;
+            write(conn, now, *ino, end, data, *kill_suidgid)
+        }
         FsOp::Fallocate {
             ino,
             offset,

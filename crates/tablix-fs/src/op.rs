@@ -165,6 +165,16 @@ pub enum FsOp {
     ExpireLocks {
         node: u64,
     },
+    /// A write to a file opened with O_APPEND on a cluster node: `data` goes
+    /// at the end of the file as this operation finds it, wherever the
+    /// writer's kernel (whose idea of the size may be another node's
+    /// appends behind) thought the end was. Otherwise as [`FsOp::Write`].
+    Append {
+        ino: Ino,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        kill_suidgid: bool,
+    },
 }
 
 /// What a [`FsOp::Lock`] makes of a range.
@@ -276,6 +286,13 @@ impl FsOp {
                 }],
                 None => vec![Touched::Attr(*ino)],
             },
+            // Where it went is the state's to say: every cached page of
+            // the file.
+            FsOp::Append { ino, .. } => vec![Touched::Data {
+                ino: *ino,
+                offset: 0,
+                len: 0,
+            }],
             FsOp::Write {
                 ino, offset, data, ..
             } => vec![Touched::Data {

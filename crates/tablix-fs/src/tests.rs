@@ -798,3 +798,55 @@ fn an_inode_is_found_by_the_end_of_any_of_its_names() {
     .expect("link");
     assert!(read::named_with_suffix(&c, plain, b"-shm").expect("linked"));
 }
+
+#[test]
+fn an_append_lands_at_the_end_the_state_holds() {
+    let c = fs();
+    let f = node(&c, ROOT, "log", libc::S_IFREG | 0o644);
+    write(&c, f, 0, b"first\n");
+    let append = |data: &[u8]| {
+        apply(
+            &c,
+            9,
+            &FsOp::Append {
+                ino: f,
+                data: data.to_vec(),
+                kill_suidgid: false,
+            },
+        )
+    };
+    assert_eq!(append(b"second\n"), Ok(FsReply::Written(7)));
+    // Past a hole too: the end is the size, not the last stored byte.
+    apply(
+        &c,
+        10,
+        &FsOp::SetAttr {
+            ino: f,
+            attr: SetAttr {
+                size: Some(20_000),
+                ..SetAttr::default()
+            },
+        },
+    )
+    .expect("grow");
+    assert_eq!(append(b"third\n"), Ok(FsReply::Written(6)));
+    let a = read::getattr(&c, f).expect("attr");
+    assert_eq!(a.size, 20_006);
+    assert_eq!(a.mtime_ns, 9, "the append's time");
+    assert_eq!(read::read(&c, f, 0, 13).expect("head"), b"first\nsecond\n");
+    assert_eq!(read::read(&c, f, 20_000, 100).expect("tail"), b"third\n");
+    let d = node(&c, ROOT, "dir", libc::S_IFDIR | 0o755);
+    assert_eq!(
+        apply(
+            &c,
+            11,
+            &FsOp::Append {
+                ino: d,
+                data: b"x".to_vec(),
+                kill_suidgid: false
+            }
+        ),
+        Err(FsError::Errno(Errno::EISDIR))
+    );
+    assert!(check(&c, 12, false).expect("check").is_clean());
+}

@@ -78,6 +78,10 @@ const GENERATION: Generation = Generation(0);
 /// How SQLite names a database's WAL index: the database's name and this.
 const SHARED_MEMORY_SUFFIX: &[u8] = b"-shm";
 
+/// The handle of a file opened with O_APPEND on a cluster node (for direct
+/// I/O); every other file's is 0.
+const APPENDING: FileHandle = FileHandle(1);
+
 impl TablixFs {
     pub(crate) fn new(
         store: Arc<Store>,
@@ -110,6 +114,15 @@ impl TablixFs {
             Some(_) => FopenFlags::FOPEN_KEEP_CACHE,
             None => FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
         }
+    }
+
+    /// The open flags of a file opened with O_APPEND on a cluster node:
+    /// direct I/O, so that its writes (`FsOp::Append`, which lands where
+    /// the state says the file ends, not where this kernel thinks it
+    /// does) leave no copy in the page cache at the offset the kernel
+    /// guessed.
+    fn appending_open_flags(&self) -> FopenFlags {
+        self.file_open_flags() | FopenFlags::FOPEN_DIRECT_IO
     }
 
     /// The open flags of a file named `*-shm` on a cluster node: direct
@@ -613,6 +626,8 @@ impl Filesystem for TablixFs {
         };
         if shm {
             reply.opened(FileHandle(0), self.shared_memory_open_flags());
+        } else if self.locks.is_some() && flags.0 & libc::O_APPEND != 0 {
+            reply.opened(APPENDING, self.appending_open_flags());
         } else {
             reply.opened(FileHandle(0), self.file_open_flags());
         }
@@ -758,16 +773,41 @@ impl Filesystem for TablixFs {
             }
             Node::Stored(ino) => ino,
         };
-        let r = self.change(FsOp::Write {
-            ino,
-            offset,
-            data: data.to_vec(),
-            kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
-        });
-        match r {
-            Ok(FsReply::Written(n)) => reply.written(n),
-            Ok(_) => reply.error(to_fuser(Errno::EIO)),
-            Err(e) => reply.error(to_fuser(e)),
+        let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        // On a cluster node another node may have appended since this
+        // kernel last learned the file's size: an append goes where the
+        // state says the file ends.
+        let appending = match (&self.locks, flags.0 & libc::O_APPEND != 0) {
+            (Some(locks), true) => Some(locks),
+            _ => None,
+        };
+        let op = match appending {
+            Some(_) => FsOp::Append {
+                ino,
+                data: data.to_vec(),
+                kill_suidgid,
+            },
+            None => FsOp::Write {
+                ino,
+                offset,
+                data: data.to_vec(),
+                kill_suidgid,
+            },
+        };
+        match (self.change(op), appending) {
+            // Written through the page cache (O_APPEND set after opening,
+            // so not direct I/O): the pages hold the data where the kernel
+            // guessed, and this write holds them until answered.
+            (Ok(FsReply::Written(n)), Some(locks)) if fh != APPENDING => {
+                reply.written(n);
+                locks.drop_pages_later(ino);
+            }
+            // Direct I/O copies nothing into the page cache, and the kernel
+            // drops the pages over the range it guessed (the only cached
+            // page past the size it knew is the one that size ends in).
+            (Ok(FsReply::Written(n)), _) => reply.written(n),
+            (Ok(_), _) => reply.error(to_fuser(Errno::EIO)),
+            (Err(e), _) => reply.error(to_fuser(e)),
         }
     }
 
@@ -986,17 +1026,18 @@ impl Filesystem for TablixFs {
         }
         let mode = libc::S_IFREG | (mode & 0o7777);
         match self.make_node(req, parent, name, mode, 0) {
-            Ok(a) => reply.created(
-                &self.config.ttl,
-                &file_attr(&a),
-                GENERATION,
-                FileHandle(0),
-                if self.locks.is_some() && name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX) {
-                    self.shared_memory_open_flags()
+            Ok(a) => {
+                let cluster = self.locks.is_some();
+                let (fh, open_flags) = if cluster && name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX)
+                {
+                    (FileHandle(0), self.shared_memory_open_flags())
+                } else if cluster && flags & libc::O_APPEND != 0 {
+                    (APPENDING, self.appending_open_flags())
                 } else {
-                    self.file_open_flags()
-                },
-            ),
+                    (FileHandle(0), self.file_open_flags())
+                };
+                reply.created(&self.config.ttl, &file_attr(&a), GENERATION, fh, open_flags)
+            }
             Err(e) => reply.error(to_fuser(e)),
         }
     }

@@ -142,6 +142,19 @@ impl Locks {
         Ok(())
     }
 
+    /// Drops the kernel's cached pages of `ino` without waiting: for a
+    /// caller that may hold some of them locked itself (a write through
+    /// the page cache, not answered yet).
+    pub(crate) fn drop_pages_later(&self, ino: Ino) {
+        let Some(dropper) = self.dropper.get() else {
+            return;
+        };
+        let (done, _) = mpsc::sync_channel(1);
+        if let Ok(d) = dropper.lock() {
+            let _ = d.send((ino, done));
+        }
+    }
+
     /// Drops the kernel's cached pages of `ino`, waiting at most
     /// [`DROP_WAIT`] (past it the mount threads are all busy, and the
     /// pages go a moment later).

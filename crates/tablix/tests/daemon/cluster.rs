@@ -1165,3 +1165,102 @@ fn a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out() {
         d.stop();
     }
 }
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn appends_from_every_node_land_whole_at_the_end() {
+    tablix_testkit::require::fuse("appends_from_every_node_land_whole_at_the_end");
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = Node::three(dir.path());
+    let daemons: Vec<Daemon> = vec![
+        nodes[0].start(&["--bootstrap"]),
+        nodes[1].start(&["--join", &nodes[0].raft]),
+        nodes[2].start(&["--join", &nodes[0].raft]),
+    ];
+    led_by(&nodes, 1);
+    let log = |n: usize| nodes[n].mnt.join("shared.log");
+    std::fs::write(log(0), b"").unwrap();
+    for n in 1..3 {
+        eventually("the log on every node", || log(n).exists());
+    }
+    // Three writers, one a node, each appending lines as a shell does
+    // (`>>` opens with O_APPEND), at once.
+    let writers: Vec<_> = (0..3)
+        .map(|n| {
+            Command::new("bash")
+                .arg("-c")
+                .arg(format!(
+                    "for i in $(seq 1 60); do echo \"node{} line $i\" >> \"$0\"; done",
+                    n + 1
+                ))
+                .arg(log(n))
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().unwrap().success());
+    }
+    let expected: std::collections::BTreeSet<String> = (1..=3)
+        .flat_map(|n| (1..=60).map(move |i| format!("node{n} line {i}")))
+        .collect();
+    for n in 0..3 {
+        eventually("every line on every node", || {
+            let text = std::fs::read_to_string(log(n)).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines.len() == 180
+                && lines
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<std::collections::BTreeSet<_>>()
+                    == expected
+        });
+    }
+    // What a node appended it reads back at once, through a descriptor
+    // opened for appending and reading, and through a fresh open.
+    let mut both = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(log(1))
+        .unwrap();
+    for i in 0..20 {
+        let line = format!("tail {i}\n");
+        std::io::Write::write_all(&mut both, line.as_bytes()).unwrap();
+        let text = std::fs::read_to_string(log(1)).unwrap();
+        assert!(text.ends_with(&line), "append {i} not at the end: {text:?}");
+        let mut again = String::new();
+        std::io::Seek::seek(&mut both, std::io::SeekFrom::Start(0)).unwrap();
+        std::io::Read::read_to_string(&mut both, &mut again).unwrap();
+        assert_eq!(again, text);
+    }
+    // O_APPEND set after opening (fcntl), so the write goes through the
+    // page cache: it lands at the end all the same.
+    let setfl = Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, os, sys\n\
+             fd = os.open(sys.argv[1], os.O_RDWR)\n\
+             os.read(fd, 1 << 20)\n\
+             os.lseek(fd, 0, os.SEEK_SET)\n\
+             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)\n\
+             os.write(fd, b'set later\\n')\n\
+             print(open(sys.argv[1]).read().endswith('tail 19\\nset later\\n'))\n",
+        ])
+        .arg(log(2))
+        .stdin(Stdio::null())
+        .output_limited();
+    assert_eq!(
+        String::from_utf8_lossy(&setfl.stdout).trim(),
+        "True",
+        "{setfl:?}"
+    );
+    for d in daemons {
+        d.stop();
+    }
+    for n in &nodes {
+        let (code, out) = crate::fsck(&n.data, &[]);
+        assert_eq!(code, Some(0), "fsck of node {}:\n{out}", n.id);
+    }
+}
