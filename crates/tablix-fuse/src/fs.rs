@@ -249,6 +249,48 @@ impl TablixFs {
         })
     }
 
+    /// CREATE without O_EXCL of a name that another node created since
+    /// this kernel found it absent (a cluster node's): the file there is
+    /// opened, as open(2) would have opened it, truncated under O_TRUNC
+    /// (the kernel takes it for created, and truncates nothing itself).
+    fn open_existing(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        flags: i32,
+    ) -> Result<Attr, Errno> {
+        let Entry::Stored(parent) = route::entry(parent.0, name) else {
+            return Err(Errno(libc::EEXIST));
+        };
+        // The kernel holds the inode only if the reply says so.
+        self.handing(|| {
+            let a = self.read(|c| read::lookup(c, parent, name.as_bytes()))?;
+            if a.is_dir() {
+                return Err(Errno(libc::EISDIR));
+            }
+            if a.file_type() != libc::S_IFREG {
+                return Err(Errno(libc::EEXIST));
+            }
+            let wanted = match flags & libc::O_ACCMODE {
+                libc::O_RDONLY => libc::R_OK,
+                libc::O_WRONLY => libc::W_OK,
+                _ => libc::R_OK | libc::W_OK,
+            };
+            self.access_inner(req, a.ino, AccessFlags::from_bits_truncate(wanted))?;
+            if flags & libc::O_TRUNC != 0 && a.size > 0 {
+                return self.change_attr(FsOp::SetAttr {
+                    ino: a.ino,
+                    attr: SetAttr {
+                        size: Some(0),
+                        ..SetAttr::default()
+                    },
+                });
+            }
+            Ok(a)
+        })
+    }
+
     fn fsync_inner(&self) -> Result<(), Errno> {
         self.store.flush().wait().map_err(|e| store_errno(&e))
     }
@@ -1025,7 +1067,13 @@ impl Filesystem for TablixFs {
             return;
         }
         let mode = libc::S_IFREG | (mode & 0o7777);
-        match self.make_node(req, parent, name, mode, 0) {
+        let made = match self.make_node(req, parent, name, mode, 0) {
+            Err(Errno(libc::EEXIST)) if self.locks.is_some() && flags & libc::O_EXCL == 0 => {
+                self.open_existing(req, parent, name, flags)
+            }
+            made => made,
+        };
+        match made {
             Ok(a) => {
                 let cluster = self.locks.is_some();
                 let (fh, open_flags) = if cluster && name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX)

@@ -1118,13 +1118,22 @@ fn a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out() {
             .output_limited()
     };
     // A process on node 3 holds the file, and keeps holding it while node 3
-    // answers the leader: past several leases.
-    let mut holder = Command::new("flock")
-        .args(["-x"])
-        .arg(lk(2))
-        .args(["sleep", "600"])
-        .spawn()
-        .unwrap();
+    // answers the leader: past several leases. It and the sleep it runs
+    // are a process group of their own, killed together, and keep no
+    // descriptor of the test's output (which a caller may wait to close).
+    let mut holder = {
+        use std::os::unix::process::CommandExt;
+        Command::new("flock")
+            .args(["-x"])
+            .arg(lk(2))
+            .args(["sleep", "120"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
     let holders = |d: &Daemon| {
         local_rows(
             d,
@@ -1154,7 +1163,10 @@ fn a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out() {
                 == serde_json::json!([[0]])
         });
     }
-    let _ = holder.kill();
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(holder.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
     let _ = holder.wait();
     // Node 3 comes back and locks again.
     daemons[2] = nodes[2].start(&[lease[0], lease[1]]);
@@ -1234,6 +1246,43 @@ fn appends_from_every_node_land_whole_at_the_end() {
         std::io::Seek::seek(&mut both, std::io::SeekFrom::Start(0)).unwrap();
         std::io::Read::read_to_string(&mut both, &mut again).unwrap();
         assert_eq!(again, text);
+    }
+    // Two nodes creating the same names at once, as `>>` does
+    // (O_CREAT without O_EXCL): whoever comes second opens the file the
+    // first made, as open(2) does, instead of failing with EEXIST.
+    std::fs::create_dir(nodes[0].mnt.join("race")).unwrap();
+    eventually("the race directory on node 3", || {
+        nodes[2].mnt.join("race").exists()
+    });
+    let racers: Vec<_> = [0usize, 2]
+        .iter()
+        .map(|&n| {
+            let dir = nodes[n].mnt.join("race");
+            std::thread::spawn(move || {
+                Command::new("bash")
+                    .arg("-c")
+                    .arg(format!(
+                        "for i in $(seq 1 40); do echo node{} >> \"$0/f$i\" || exit 1; done",
+                        n + 1
+                    ))
+                    .arg(dir)
+                    .stdin(Stdio::null())
+                    .output_limited()
+            })
+        })
+        .collect();
+    for r in racers {
+        let out = r.join().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    for i in 1..=40 {
+        eventually("both lines of a raced file", || {
+            let text = std::fs::read_to_string(nodes[1].mnt.join(format!("race/f{i}")))
+                .unwrap_or_default();
+            let mut lines: Vec<&str> = text.lines().collect();
+            lines.sort_unstable();
+            lines == ["node1", "node3"]
+        });
     }
     // O_APPEND set after opening (fcntl), so the write goes through the
     // page cache: it lands at the end all the same.
