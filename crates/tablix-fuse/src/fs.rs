@@ -116,27 +116,35 @@ impl TablixFs {
         }
     }
 
-    /// The open flags of a file opened with O_APPEND on a cluster node:
-    /// direct I/O, so that its writes (`FsOp::Append`, which lands where
-    /// the state says the file ends, not where this kernel thinks it
-    /// does) leave no copy in the page cache at the offset the kernel
-    /// guessed.
-    fn appending_open_flags(&self) -> FopenFlags {
-        self.file_open_flags() | FopenFlags::FOPEN_DIRECT_IO
-    }
-
-    /// The open flags of a file named `*-shm` on a cluster node: direct
-    /// I/O, which makes the kernel refuse to map it shared (ENODEV). Such
-    /// a file is SQLite's WAL index, shared memory that each node's kernel
-    /// would keep apart from the others': SQLite in WAL mode on two nodes
-    /// would lose updates. Refused, it answers an I/O error instead.
-    fn shared_memory_open_flags(&self) -> FopenFlags {
-        if !self.shm_refusal_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "a SQLite WAL index (a file named *-shm) was opened on a cluster node's mount: shared memory cannot span nodes, so mapping it is refused and SQLite reports an I/O error; use a rollback journal (PRAGMA journal_mode=DELETE) or PRAGMA locking_mode=EXCLUSIVE before WAL"
-            );
+    /// The handle and open flags of a file (`shm`: named `*-shm`) opened
+    /// with `flags`. On a cluster node two kinds are opened for direct
+    /// I/O:
+    /// - SQLite's WAL index (`*-shm`), which the kernel then refuses to
+    ///   map shared (ENODEV): it is shared memory, which each node's
+    ///   kernel would keep apart from the others', and SQLite in WAL mode
+    ///   on two nodes would lose updates; refused, it reports an I/O
+    ///   error instead.
+    /// - A file opened with O_APPEND: its writes (`FsOp::Append`) land
+    ///   where the state says the file ends, not where this kernel thinks
+    ///   it does, and direct I/O leaves no copy of them in the page cache
+    ///   at the offset the kernel guessed.
+    fn opening(&self, shm: bool, flags: i32) -> (FileHandle, FopenFlags) {
+        let cached = self.file_open_flags();
+        if self.locks.is_none() {
+            return (FileHandle(0), cached);
         }
-        self.file_open_flags() | FopenFlags::FOPEN_DIRECT_IO
+        if shm {
+            if !self.shm_refusal_logged.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "a SQLite WAL index (a file named *-shm) was opened on a cluster node's mount: shared memory cannot span nodes, so mapping it is refused and SQLite reports an I/O error; use a rollback journal (PRAGMA journal_mode=DELETE) or PRAGMA locking_mode=EXCLUSIVE before WAL"
+                );
+            }
+            return (FileHandle(0), cached | FopenFlags::FOPEN_DIRECT_IO);
+        }
+        if flags & libc::O_APPEND != 0 {
+            return (APPENDING, cached | FopenFlags::FOPEN_DIRECT_IO);
+        }
+        (FileHandle(0), cached)
     }
 
     /// Runs `op`, which may hand the kernel one inode (its `Ok`), as an
@@ -657,22 +665,21 @@ impl Filesystem for TablixFs {
         // file comes through this mount. (OPEN cannot be refused with
         // ENOSYS to save the round trip: that would switch it off for the
         // pipe files too.)
+        // The name is read from the node's own state, past the mount's
+        // read level: an open waits for nothing.
         let shm = match (route::node(ino.0), &self.locks) {
-            (Node::Stored(ino), Some(_)) => {
-                match self.read(|c| read::named_with_suffix(c, ino, SHARED_MEMORY_SUFFIX)) {
-                    Ok(shm) => shm,
-                    Err(e) => return reply.error(to_fuser(e)),
-                }
-            }
+            (Node::Stored(ino), Some(_)) => match self
+                .store
+                .read_latest(|c| read::named_with_suffix(c, ino, SHARED_MEMORY_SUFFIX))
+            {
+                Ok(Ok(shm)) => shm,
+                Ok(Err(e)) => return reply.error(to_fuser(fs_errno(&e))),
+                Err(e) => return reply.error(to_fuser(store_errno(&e))),
+            },
             _ => false,
         };
-        if shm {
-            reply.opened(FileHandle(0), self.shared_memory_open_flags());
-        } else if self.locks.is_some() && flags.0 & libc::O_APPEND != 0 {
-            reply.opened(APPENDING, self.appending_open_flags());
-        } else {
-            reply.opened(FileHandle(0), self.file_open_flags());
-        }
+        let (fh, open_flags) = self.opening(shm, flags.0);
+        reply.opened(fh, open_flags);
     }
 
     fn release(
@@ -1075,15 +1082,8 @@ impl Filesystem for TablixFs {
         };
         match made {
             Ok(a) => {
-                let cluster = self.locks.is_some();
-                let (fh, open_flags) = if cluster && name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX)
-                {
-                    (FileHandle(0), self.shared_memory_open_flags())
-                } else if cluster && flags & libc::O_APPEND != 0 {
-                    (APPENDING, self.appending_open_flags())
-                } else {
-                    (FileHandle(0), self.file_open_flags())
-                };
+                let shm = name.as_bytes().ends_with(SHARED_MEMORY_SUFFIX);
+                let (fh, open_flags) = self.opening(shm, flags);
                 reply.created(&self.config.ttl, &file_attr(&a), GENERATION, fh, open_flags)
             }
             Err(e) => reply.error(to_fuser(e)),
