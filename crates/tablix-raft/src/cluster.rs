@@ -1063,6 +1063,7 @@ fn removed(m: &openraft::RaftMetrics<NodeId, Node>, me: NodeId) -> bool {
 /// from for `lease` while this node's processes hold locks, since the
 /// leader may be taking them (and while no leader is reachable, nothing
 /// here can write anyway).
+///
 /// It holds neither the node nor its store between looks, and ends when
 /// openraft stops.
 async fn keep_lock_leases(
@@ -1070,23 +1071,18 @@ async fn keep_lock_leases(
     store: std::sync::Weak<Store>,
     lease: Duration,
 ) {
-    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+    // Openraft drops the metrics' sender when it stops.
+    let Some(metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
         return;
     };
     let tick = (lease / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    let mut next = tokio::time::Instant::now() + tick;
     // The term this node leads in, and since when.
     let mut leading: Option<(u64, Instant)> = None;
     let mut warned = false;
     loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => next += tick,
-            changed = metrics.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                continue;
-            }
+        tokio::time::sleep(tick).await;
+        if metrics.has_changed().is_err() {
+            return;
         }
         let (Some(s), Some(store)) = (shared.upgrade(), store.upgrade()) else {
             return;
