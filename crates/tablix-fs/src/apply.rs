@@ -32,8 +32,7 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
         }
         FsOp::Unmount { node } => unmount(conn, *node),
         FsOp::ExpireLocks { node } => {
-            conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
-                .execute(params![*node as i64])?;
+            drop_locks(conn, *node)?;
             Ok(FsReply::Done)
         }
         FsOp::Lock {
@@ -160,8 +159,7 @@ fn mount_node(
     conn.prepare_cached("INSERT OR IGNORE INTO tablix_mount(node) VALUES (?1)")?
         .execute(params![node as i64])?;
     // Its kernel restarted: the processes that held its locks hold nothing.
-    conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
-        .execute(params![node as i64])?;
+    drop_locks(conn, node)?;
     for ino in unlinked(conn)? {
         release(conn, node, ino)?;
     }
@@ -198,13 +196,19 @@ fn released_by_all(conn: &Connection, ino: Ino) -> Result<bool, FsError> {
         .query_row(params![ino as i64], |r| r.get(0))?)
 }
 
+/// Every lock `node` holds goes.
+fn drop_locks(conn: &Connection, node: u64) -> Result<(), FsError> {
+    conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
+        .execute(params![node as i64])?;
+    Ok(())
+}
+
 fn unmount(conn: &Connection, node: u64) -> Result<FsReply, FsError> {
     conn.prepare_cached("DELETE FROM tablix_mount WHERE node = ?1")?
         .execute(params![node as i64])?;
     conn.prepare_cached("DELETE FROM tablix_release WHERE node = ?1")?
         .execute(params![node as i64])?;
-    conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
-        .execute(params![node as i64])?;
+    drop_locks(conn, node)?;
     for ino in unlinked(conn)? {
         if released_by_all(conn, ino)? {
             reclaim(conn, ino)?;

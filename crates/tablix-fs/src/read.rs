@@ -304,7 +304,12 @@ pub fn inode_count(conn: &Connection) -> Result<u64, FsError> {
 /// The cluster nodes recorded as mounting the file system
 /// (`FsOp::MountNode`, until `FsOp::Unmount`).
 pub fn mounted_nodes(conn: &Connection) -> Result<Vec<u64>, FsError> {
-    let mut st = conn.prepare_cached("SELECT node FROM tablix_mount ORDER BY node")?;
+    node_ids(conn, "SELECT node FROM tablix_mount ORDER BY node")
+}
+
+/// The node ids `sql` selects.
+fn node_ids(conn: &Connection, sql: &str) -> Result<Vec<u64>, FsError> {
+    let mut st = conn.prepare_cached(sql)?;
     let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
     Ok(rows
         .map(|r| r.map(|n| n as u64))
@@ -315,11 +320,7 @@ pub fn mounted_nodes(conn: &Connection) -> Result<Vec<u64>, FsError> {
 /// (`FsOp::Unmount`), mount again or their lease runs out
 /// (`FsOp::ExpireLocks`).
 pub fn lock_holders(conn: &Connection) -> Result<Vec<u64>, FsError> {
-    let mut st = conn.prepare_cached("SELECT DISTINCT node FROM tablix_lock ORDER BY node")?;
-    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
-    Ok(rows
-        .map(|r| r.map(|n| n as u64))
-        .collect::<Result<_, _>>()?)
+    node_ids(conn, "SELECT DISTINCT node FROM tablix_lock ORDER BY node")
 }
 
 /// A lock one owner holds (`FsOp::Lock`).

@@ -61,6 +61,23 @@ impl Node {
             .collect()
     }
 
+    /// Starts `nodes` as one cluster, each with `extra` flags: the first
+    /// founds it, the others join through it.
+    pub fn start_cluster(nodes: &[Node], extra: &[&str]) -> Vec<Daemon> {
+        nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut how = match i {
+                    0 => vec!["--bootstrap"],
+                    _ => vec!["--join", nodes[0].raft.as_str()],
+                };
+                how.extend_from_slice(extra);
+                n.start(&how)
+            })
+            .collect()
+    }
+
     pub fn start(&self, how: &[&str]) -> Daemon {
         let id = self.id.to_string();
         let mut args = vec!["--node-id", &id, "--raft", &self.raft];
@@ -759,11 +776,7 @@ fn a_file_open_on_one_node_outlives_its_unlinking_on_another_and_goes_when_its_h
     use std::io::{Read, Seek};
     let dir = tempfile::tempdir().unwrap();
     let nodes = Node::three(dir.path());
-    let mut daemons: Vec<Daemon> = vec![
-        nodes[0].start(&["--bootstrap"]),
-        nodes[1].start(&["--join", &nodes[0].raft]),
-        nodes[2].start(&["--join", &nodes[0].raft]),
-    ];
+    let mut daemons: Vec<Daemon> = Node::start_cluster(&nodes, &[]);
     led_by(&nodes, 1);
     let body: Vec<u8> = (0..150_000u32).map(|i| (i % 253) as u8).collect();
     std::fs::write(nodes[0].mnt.join("held"), &body).unwrap();
@@ -904,11 +917,7 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir().unwrap();
     let nodes = Node::three(dir.path());
-    let daemons: Vec<Daemon> = vec![
-        nodes[0].start(&["--bootstrap"]),
-        nodes[1].start(&["--join", &nodes[0].raft]),
-        nodes[2].start(&["--join", &nodes[0].raft]),
-    ];
+    let daemons: Vec<Daemon> = Node::start_cluster(&nodes, &[]);
     led_by(&nodes, 1);
     let lk = |n: usize| nodes[n].mnt.join("lk");
     std::fs::write(lk(0), b"").unwrap();
@@ -1100,11 +1109,7 @@ fn a_lock_held_on_a_node_that_died_goes_when_its_lease_runs_out() {
     let dir = tempfile::tempdir().unwrap();
     let nodes = Node::three(dir.path());
     let lease = ["--lock-lease", "2"];
-    let mut daemons: Vec<Daemon> = vec![
-        nodes[0].start(&["--bootstrap", lease[0], lease[1]]),
-        nodes[1].start(&["--join", &nodes[0].raft, lease[0], lease[1]]),
-        nodes[2].start(&["--join", &nodes[0].raft, lease[0], lease[1]]),
-    ];
+    let mut daemons: Vec<Daemon> = Node::start_cluster(&nodes, &lease);
     led_by(&nodes, 1);
     let lk = |n: usize| nodes[n].mnt.join("lk");
     std::fs::write(lk(0), b"").unwrap();
@@ -1185,11 +1190,7 @@ fn appends_from_every_node_land_whole_at_the_end() {
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir().unwrap();
     let nodes = Node::three(dir.path());
-    let daemons: Vec<Daemon> = vec![
-        nodes[0].start(&["--bootstrap"]),
-        nodes[1].start(&["--join", &nodes[0].raft]),
-        nodes[2].start(&["--join", &nodes[0].raft]),
-    ];
+    let daemons: Vec<Daemon> = Node::start_cluster(&nodes, &[]);
     led_by(&nodes, 1);
     let log = |n: usize| nodes[n].mnt.join("shared.log");
     std::fs::write(log(0), b"").unwrap();
