@@ -32,7 +32,13 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
         }
         FsOp::Unmount { node } => unmount(conn, *node),
         FsOp::ExpireLocks { node } => {
-            drop_locks(conn, *node)?;
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO tablix_lost_lock(node, ino, pid, owner)
+                 SELECT DISTINCT node, ino, pid, owner FROM tablix_lock WHERE node = ?1",
+            )?
+            .execute(params![*node as i64])?;
+            conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
+                .execute(params![*node as i64])?;
             Ok(FsReply::Done)
         }
         FsOp::Lock {
@@ -200,6 +206,8 @@ fn released_by_all(conn: &Connection, ino: Ino) -> Result<bool, FsError> {
 fn drop_locks(conn: &Connection, node: u64) -> Result<(), FsError> {
     conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
         .execute(params![node as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_lost_lock WHERE node = ?1")?
+        .execute(params![node as i64])?;
     Ok(())
 }
 
@@ -287,6 +295,13 @@ fn lock(
             i64::from(kind == LockKind::Write),
             i64::from(pid),
         )?;
+    } else if start == 0 && end == i64::MAX {
+        // The owner let go of the whole file (it closed it): what its
+        // lease took from it is forgotten with it.
+        conn.prepare_cached(
+            "DELETE FROM tablix_lost_lock WHERE node = ?1 AND ino = ?2 AND owner = ?3",
+        )?
+        .execute(params![node as i64, ino as i64, owner as i64])?;
     }
     Ok(FsReply::Done)
 }
@@ -302,6 +317,8 @@ fn reclaim(conn: &Connection, ino: Ino) -> Result<(), FsError> {
     conn.prepare_cached("DELETE FROM tablix_release WHERE ino = ?1")?
         .execute(params![ino as i64])?;
     conn.prepare_cached("DELETE FROM tablix_lock WHERE ino = ?1")?
+        .execute(params![ino as i64])?;
+    conn.prepare_cached("DELETE FROM tablix_lost_lock WHERE ino = ?1")?
         .execute(params![ino as i64])?;
     delete_blocks_from(conn, ino, 0)?;
     conn.prepare_cached("DELETE FROM tablix_symlink WHERE ino = ?1")?

@@ -19,6 +19,7 @@
 //! 9. A node's release of an inode (`tablix_release`) names an unlinked
 //!    inode.
 //! 10. A lock (`tablix_lock`) names an existing inode.
+//! 11. A lock a lease took (`tablix_lost_lock`) names an existing inode.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -144,6 +145,17 @@ pub fn check(
         &["DELETE FROM tablix_lock WHERE ino = ?1"],
         |ino| format!("10: inode {ino} is locked but missing"),
         |ino| format!("removed the locks of missing inode {ino}"),
+    )?;
+
+    remove_found(
+        conn,
+        repair,
+        &mut r,
+        "SELECT l.ino FROM tablix_lost_lock l LEFT JOIN tablix_inode i ON i.ino = l.ino
+         WHERE i.ino IS NULL GROUP BY l.ino",
+        &["DELETE FROM tablix_lost_lock WHERE ino = ?1"],
+        |ino| format!("11: inode {ino} has a lost lock but is missing"),
+        |ino| format!("removed the lost locks of missing inode {ino}"),
     )?;
 
     // Inodes no entry names: open-but-unlinked ones are expected (nlink 0);

@@ -161,7 +161,9 @@ pub enum FsOp {
     },
     /// Every lock `node` holds goes: its lease ran out (the leader heard
     /// nothing from it for that long). It stays a mount, with the
-    /// unlinked files it holds open.
+    /// unlinked files it holds open. Each process that held a lock is
+    /// recorded as having lost it on that file (`tablix_lost_lock`)
+    /// until it closes the file.
     ExpireLocks {
         node: u64,
     },

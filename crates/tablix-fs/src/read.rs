@@ -373,6 +373,40 @@ pub fn lock_conflict(
         .optional()?)
 }
 
+/// Whether `(node, owner)` holds a lock on `ino`, or held one that its
+/// node's lease took (see [`lost_lock`]): either way its close has
+/// something to let go of.
+pub fn holds_or_lost_lock(
+    conn: &Connection,
+    ino: Ino,
+    (node, owner): (u64, u64),
+) -> Result<bool, FsError> {
+    if holds_lock(conn, ino, (node, owner))? {
+        return Ok(true);
+    }
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM tablix_lost_lock WHERE node = ?1 AND ino = ?2 AND owner = ?3 LIMIT 1",
+        )?
+        .query_row(params![node as i64, ino as i64, owner as i64], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// The processes (`pid`s) of `node` that held a lock on `ino` which the
+/// node's lease took from them (`FsOp::ExpireLocks`), and have not closed
+/// the file since.
+pub fn lost_lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
+    let pids = conn
+        .prepare_cached("SELECT DISTINCT pid FROM tablix_lost_lock WHERE node = ?1 AND ino = ?2")?
+        .query_map(params![node as i64, ino as i64], |r| r.get::<_, i64>(0))?
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(pids
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect())
+}
+
 /// Whether `(node, owner)` holds a lock on `ino`.
 pub fn holds_lock(conn: &Connection, ino: Ino, (node, owner): (u64, u64)) -> Result<bool, FsError> {
     Ok(conn

@@ -87,6 +87,7 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     (4, MIGRATION_4),
     (6, MIGRATION_6),
     (7, MIGRATION_7),
+    (8, MIGRATION_8),
 ];
 
 /// The file system's tables that the store checks at every start (SQLite's
@@ -101,6 +102,7 @@ pub const QUICK_CHECKED: &[&str] = &[
     "tablix_mount",
     "tablix_release",
     "tablix_lock",
+    "tablix_lost_lock",
 ];
 
 /// The store's migration 2: creates the file system, with its root
@@ -275,6 +277,24 @@ CREATE TABLE main.tablix_lock(
     write INTEGER NOT NULL,
     pid   INTEGER NOT NULL,
     PRIMARY KEY(ino, node, owner, start)
+) STRICT, WITHOUT ROWID;
+";
+
+/// The store's migration 8, after [`MIGRATION_7`]. Frozen.
+///
+/// The locks a cluster node's lease took from it (`FsOp::ExpireLocks`):
+/// one row per process (`pid`, the lock owner `owner`) of `node` that
+/// held a lock on `ino` then. That process's writes to the file fail
+/// until it closes it (the owner's unlock of the whole file, at its
+/// FLUSH, takes the row away), as an NFS client's do once its lease is
+/// lost.
+pub const MIGRATION_8: &str = "
+CREATE TABLE main.tablix_lost_lock(
+    node  INTEGER NOT NULL,
+    ino   INTEGER NOT NULL,
+    pid   INTEGER NOT NULL,
+    owner INTEGER NOT NULL,
+    PRIMARY KEY(node, ino, pid, owner)
 ) STRICT, WITHOUT ROWID;
 ";
 

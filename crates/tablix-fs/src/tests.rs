@@ -7,7 +7,9 @@ use proptest::prelude::*;
 use crate::check::{self, Options, Report};
 use crate::op::{Attr, FsOp, FsReply, LockKind, ROOT, SetAttr};
 use crate::read;
-use crate::schema::{BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7};
+use crate::schema::{
+    BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7, MIGRATION_8,
+};
 use crate::{Errno, FsError, apply};
 
 /// A database as the store's migrations leave it, before migration 3.
@@ -31,7 +33,16 @@ fn migrate(c: &Connection, migrations: &[&str]) {
 
 fn fs() -> Connection {
     let c = fs_v2();
-    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7]);
+    migrate(
+        &c,
+        &[
+            MIGRATION_3,
+            MIGRATION_4,
+            MIGRATION_6,
+            MIGRATION_7,
+            MIGRATION_8,
+        ],
+    );
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
 }
@@ -291,7 +302,7 @@ fn migration_4_moves_checksums_and_keeps_data() {
         ],
     )
     .expect("blocks");
-    migrate(&c, &[MIGRATION_4, MIGRATION_6, MIGRATION_7]);
+    migrate(&c, &[MIGRATION_4, MIGRATION_6, MIGRATION_7, MIGRATION_8]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     let r = check(&c, 2, false).expect("check");
     assert!(r.is_clean(), "{r:?}");
@@ -342,7 +353,16 @@ fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
          INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
     )
     .expect("old rows");
-    migrate(&c, &[MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7]);
+    migrate(
+        &c,
+        &[
+            MIGRATION_3,
+            MIGRATION_4,
+            MIGRATION_6,
+            MIGRATION_7,
+            MIGRATION_8,
+        ],
+    );
     let seq: i64 = c
         .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
         .expect("sequence");
@@ -775,6 +795,38 @@ fn an_expired_lease_takes_one_nodes_locks_and_leaves_its_mount_and_open_files() 
         report.problems.iter().all(|p| p.starts_with("5: ")),
         "only the file held open is reported: {report:?}"
     );
+    // Node 2's process (pid 7) is told its locks were lost, on each file,
+    // until its owner lets go of the whole file (its close).
+    assert_eq!(read::lost_lock_pids(&c, f, 2).expect("lost"), [7]);
+    assert_eq!(read::lost_lock_pids(&c, g, 2).expect("lost"), [7]);
+    assert_eq!(read::lost_lock_pids(&c, f, 1).expect("kept"), []);
+    assert!(!read::holds_lock(&c, f, (2, 5)).expect("holds"));
+    assert!(read::holds_or_lost_lock(&c, f, (2, 5)).expect("lost"));
+    assert!(!read::holds_or_lost_lock(&c, f, (2, 6)).expect("another owner"));
+    lock(&c, (2, 5), f, (0, 99), LockKind::Unlock).expect("part");
+    assert_eq!(read::lost_lock_pids(&c, f, 2).expect("lost"), [7]);
+    lock(&c, (2, 5), f, (0, u64::MAX), LockKind::Unlock).expect("closed");
+    assert_eq!(read::lost_lock_pids(&c, f, 2).expect("forgotten"), []);
+    // A node that mounts again starts with nothing lost.
+    mount_node(&c, 8, 2);
+    assert_eq!(read::lost_lock_pids(&c, g, 2).expect("remounted"), []);
+}
+
+#[test]
+fn a_lost_lock_of_a_missing_inode_is_found_and_removed() {
+    let c = fs();
+    c.execute("INSERT INTO tablix_lost_lock VALUES (2, 999, 7, 5)", [])
+        .expect("insert");
+    let report = check(&c, 2, false).expect("check");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.starts_with("11: inode 999")),
+        "{report:?}"
+    );
+    check(&c, 3, true).expect("repair");
+    assert!(check(&c, 4, false).expect("check").problems.is_empty());
 }
 
 #[test]

@@ -170,6 +170,12 @@ impl TablixFs {
             .map_err(|e| store_errno(&e))?
     }
 
+    /// On a cluster node: EIO for a process whose lock on `ino` the
+    /// node's lease took, until it closes the file (`Locks::not_lost`).
+    fn lock_kept(&self, ino: Ino, pid: u32) -> Result<(), Errno> {
+        self.locks.as_ref().map_or(Ok(()), |l| l.not_lost(ino, pid))
+    }
+
     fn change_attr(&self, op: FsOp) -> Result<Attr, Errno> {
         match self.change(op)? {
             FsReply::Attr(a) => Ok(a),
@@ -485,7 +491,7 @@ impl Filesystem for TablixFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -510,7 +516,11 @@ impl Filesystem for TablixFs {
             mtime: mtime.map(set_time),
             ctime: ctime.map(nanos_of),
         };
-        match self.setattr_inner(ino.0, set) {
+        let r = match (set.size, route::node(ino.0)) {
+            (Some(_), Node::Stored(stored)) => self.lock_kept(stored, req.pid()),
+            _ => Ok(()),
+        };
+        match r.and_then(|()| self.setattr_inner(ino.0, set)) {
             Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -822,6 +832,9 @@ impl Filesystem for TablixFs {
             }
             Node::Stored(ino) => ino,
         };
+        if let Err(e) = self.lock_kept(ino, req.pid()) {
+            return reply.error(to_fuser(e));
+        }
         let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // On a cluster node another node may have appended since this
         // kernel last learned the file's size: an append goes where the
@@ -886,7 +899,7 @@ impl Filesystem for TablixFs {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
@@ -895,7 +908,9 @@ impl Filesystem for TablixFs {
         let r = match route::node(ino.0) {
             // Every byte of a pipe is in the memory database already.
             Node::Virtual(_) => Ok(()),
-            Node::Stored(_) => self.fsync_inner(),
+            Node::Stored(ino) => self
+                .lock_kept(ino, req.pid())
+                .and_then(|()| self.fsync_inner()),
         };
         Self::reply_empty(reply, r);
     }
@@ -1092,7 +1107,7 @@ impl Filesystem for TablixFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -1102,14 +1117,15 @@ impl Filesystem for TablixFs {
     ) {
         let r = match route::node(ino.0) {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
-            Node::Stored(ino) => self
-                .change(FsOp::Fallocate {
+            Node::Stored(ino) => self.lock_kept(ino, req.pid()).and_then(|()| {
+                self.change(FsOp::Fallocate {
                     ino,
                     offset,
                     length,
                     mode,
                 })
-                .map(|_| ()),
+                .map(|_| ())
+            }),
         };
         Self::reply_empty(reply, r);
     }

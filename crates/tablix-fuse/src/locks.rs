@@ -238,11 +238,32 @@ impl Locks {
         }
     }
 
-    /// The owner closed the file: every lock it holds on it goes.
+    /// EIO while process `pid` (a thread's id, as FUSE gives it) held a
+    /// lock on `ino` that this node's lease took from it and has not
+    /// closed the file since: another node's process may have taken the
+    /// lock and changed the file meanwhile, and what this one writes now
+    /// could undo that (an NFS client whose lease ran out does the same).
+    pub(crate) fn not_lost(&self, ino: Ino, pid: u32) -> Result<(), Errno> {
+        let lost = self
+            .store
+            .read_latest(|c| read::lost_lock_pids(c, ino, self.node))
+            .map_err(|e| store_errno(&e))?
+            .map_err(|e| fs_errno(&e))?;
+        if lost.is_empty() {
+            return Ok(());
+        }
+        if lost.contains(&pid) || thread_group(pid).is_some_and(|p| lost.contains(&p)) {
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+
+    /// The owner closed the file: every lock it holds on it goes, and
+    /// so does the record of one its node's lease took.
     pub(crate) fn closed(&self, ino: Ino, owner: u64) -> Result<(), Errno> {
         let holds = self
             .store
-            .read(|c| read::holds_lock(c, ino, (self.node, owner)))
+            .read(|c| read::holds_or_lost_lock(c, ino, (self.node, owner)))
             .map_err(|e| store_errno(&e))?
             .map_err(|e| fs_errno(&e))?;
         if !holds {
@@ -285,6 +306,16 @@ impl Locks {
             .map_err(|e| store_errno(&e))?
             .map_err(|e| fs_errno(&e))
     }
+}
+
+/// The process (thread group) thread `tid` belongs to: a lock records
+/// its process's id, a request the id of the thread that sent it.
+fn thread_group(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The thread serving parked lock requests until the mount stops.
@@ -338,6 +369,23 @@ pub(crate) fn run(locks: Arc<Locks>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_belongs_to_its_process() {
+        let me = std::process::id();
+        assert_eq!(thread_group(me), Some(me));
+        let (tx, rx) = mpsc::channel();
+        let (done, wait) = mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let _ = tx.send(nix::unistd::gettid().as_raw() as u32);
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().expect("the thread's id");
+        assert_ne!(tid, me);
+        assert_eq!(thread_group(tid), Some(me));
+        drop(done);
+        t.join().expect("the thread");
+    }
 
     #[test]
     fn lock_types_map_to_kinds_and_others_are_refused() {

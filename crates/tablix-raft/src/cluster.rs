@@ -429,8 +429,13 @@ impl Shared {
         let seed = command.stamp.seed;
         let mut last = String::from("no leader is known");
         loop {
+            // No leader will take a Command from a node it removed, and a
+            // node is added again only by a member: waiting helps nothing.
             if removed(&self.raft.metrics().borrow(), self.id) {
-                last = "this node is no longer a member of its cluster: it was removed".into();
+                return Err(StoreError::NoLeader(
+                    "this node is no longer a member of its cluster: it was removed; send writes to a member"
+                        .into(),
+                ));
             }
             match self.leader() {
                 Some((id, _)) if id == self.id && self.is_transferring() => {

@@ -35,7 +35,7 @@ fn tables_schema_and_modes() {
     r.unwrap();
     assert_eq!(
         out,
-        "a  b  daemon  files  mem.daemon  mem.pid_pipe  mem.pipe  mem.pipe_data  mem.pipe_end  mem.processes  pid_pipe  pid_store  pipes  processes  tablix_block  tablix_block_sum  tablix_blocks  tablix_dirent  tablix_inode  tablix_lock  tablix_meta  tablix_mount  tablix_proposals  tablix_release  tablix_symlink  tablix_transaction_stats  tablix_transactions  tablix_xattr\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n"
+        "a  b  daemon  files  mem.daemon  mem.pid_pipe  mem.pipe  mem.pipe_data  mem.pipe_end  mem.processes  pid_pipe  pid_store  pipes  processes  tablix_block  tablix_block_sum  tablix_blocks  tablix_dirent  tablix_inode  tablix_lock  tablix_lost_lock  tablix_meta  tablix_mount  tablix_proposals  tablix_release  tablix_symlink  tablix_transaction_stats  tablix_transactions  tablix_xattr\nCREATE TABLE a(y INTEGER, -- comment; with a semicolon\n z TEXT);\nCREATE INDEX ai ON a(y);\n"
     );
     let (r, out) = run(
         &s,

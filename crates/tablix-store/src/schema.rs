@@ -38,7 +38,7 @@ const DOMAIN_MIGRATIONS: &[&[(u32, &str)]] = &[
     tablix_fs::schema::MIGRATIONS,
 ];
 
-pub const LATEST_SCHEMA_VERSION: u32 = 7;
+pub const LATEST_SCHEMA_VERSION: u32 = 8;
 
 /// The migrations in the order they run.
 fn migrations() -> Vec<(u32, &'static str)> {
@@ -180,6 +180,7 @@ mod tests {
         (5, 0xebed_41f5),
         (6, 0xf900_f321),
         (7, 0xd9d6_5f92),
+        (8, 0xed51_0eda),
     ];
 
     #[test]

@@ -415,6 +415,7 @@ fn fingerprint(path: &std::path::Path) -> BTreeMap<String, Vec<String>> {
             "tablix_xattr" => "ino, name",
             "tablix_release" => "ino, node",
             "tablix_lock" => "ino, node, owner, start",
+            "tablix_lost_lock" => "node, ino, pid, owner",
             _ => "rowid",
         };
         // Every Command, refused or not, moves the log position the state
