@@ -109,6 +109,12 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
             }
             Ok(FsReply::Done)
         }
+        FsOp::Fenced { node, pid, ino, op } => {
+            if crate::read::lost_lock_pids(conn, *ino, *node)?.contains(pid) {
+                return Err(Errno::EIO.into());
+            }
+            apply(conn, now, op)
+        }
         FsOp::Check {
             repair,
             verify_data,

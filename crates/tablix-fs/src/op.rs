@@ -177,6 +177,16 @@ pub enum FsOp {
         data: Vec<u8>,
         kill_suidgid: bool,
     },
+    /// `op`, a change of `ino` sent by process `pid` of cluster node
+    /// `node` while it held a lock on `ino`: refused with EIO if, where
+    /// it lands in the log, the node's lease has taken that lock
+    /// (`tablix_lost_lock`); the writer's node may not have known yet.
+    Fenced {
+        node: u64,
+        pid: u32,
+        ino: Ino,
+        op: Box<FsOp>,
+    },
 }
 
 /// What a [`FsOp::Lock`] makes of a range.
@@ -318,6 +328,7 @@ impl FsOp {
             FsOp::Reclaim { inodes } | FsOp::Release { inodes, .. } => {
                 inodes.iter().map(|i| Touched::Attr(*i)).collect()
             }
+            FsOp::Fenced { op, .. } => op.touched(),
         }
     }
 }

@@ -393,6 +393,18 @@ pub fn holds_or_lost_lock(
         .is_some())
 }
 
+/// The processes (`pid`s) of `node` that hold a lock on `ino`.
+pub fn lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
+    let pids = conn
+        .prepare_cached("SELECT DISTINCT pid FROM tablix_lock WHERE ino = ?1 AND node = ?2")?
+        .query_map(params![ino as i64, node as i64], |r| r.get::<_, i64>(0))?
+        .collect::<Result<Vec<i64>, _>>()?;
+    Ok(pids
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect())
+}
+
 /// The processes (`pid`s) of `node` that held a lock on `ino` which the
 /// node's lease took from them (`FsOp::ExpireLocks`), and have not closed
 /// the file since.

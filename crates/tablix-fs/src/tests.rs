@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use proptest::prelude::*;
 
 use crate::check::{self, Options, Report};
-use crate::op::{Attr, FsOp, FsReply, LockKind, ROOT, SetAttr};
+use crate::op::{Attr, FsOp, FsReply, LockKind, ROOT, SetAttr, Touched};
 use crate::read;
 use crate::schema::{
     BLOCK_SIZE, MIGRATION_2, MIGRATION_3, MIGRATION_4, MIGRATION_6, MIGRATION_7, MIGRATION_8,
@@ -810,6 +810,46 @@ fn an_expired_lease_takes_one_nodes_locks_and_leaves_its_mount_and_open_files() 
     // A node that mounts again starts with nothing lost.
     mount_node(&c, 8, 2);
     assert_eq!(read::lost_lock_pids(&c, g, 2).expect("remounted"), []);
+}
+
+#[test]
+fn a_fenced_change_is_refused_once_the_lease_took_its_senders_lock() {
+    let c = fs();
+    let f = node(&c, ROOT, "f", libc::S_IFREG | 0o644);
+    mount_node(&c, 2, 3);
+    lock(&c, (3, 5), f, (0, 9), LockKind::Write).expect("lock");
+    let fenced = |pid: u32, data: &[u8]| FsOp::Fenced {
+        node: 3,
+        pid,
+        ino: f,
+        op: Box::new(FsOp::Write {
+            ino: f,
+            offset: 0,
+            data: data.to_vec(),
+            kill_suidgid: false,
+        }),
+    };
+    assert_eq!(
+        fenced(7, b"x").touched(),
+        [Touched::Data {
+            ino: f,
+            offset: 0,
+            len: 1
+        }]
+    );
+    // While the lock stands, the change is the write itself.
+    assert_eq!(apply(&c, 4, &fenced(7, b"held")), Ok(FsReply::Written(4)));
+    apply(&c, 5, &FsOp::ExpireLocks { node: 3 }).expect("expire");
+    // Sent before its node knew, it lands after the expiry: refused, and
+    // the file is as it was.
+    assert_eq!(
+        apply(&c, 6, &fenced(7, b"late")),
+        Err(FsError::Errno(Errno::EIO))
+    );
+    assert_eq!(read::read(&c, f, 0, 10).expect("read"), b"held");
+    // Another process of that node lost nothing.
+    assert_eq!(apply(&c, 7, &fenced(8, b"ok")), Ok(FsReply::Written(2)));
+    assert_eq!(read::read(&c, f, 0, 10).expect("read"), b"okld");
 }
 
 #[test]

@@ -176,6 +176,15 @@ impl TablixFs {
         self.locks.as_ref().map_or(Ok(()), |l| l.not_lost(ino, pid))
     }
 
+    /// `op`, a change of `ino` by process `pid`, as `Locks::fence` has it
+    /// proposed on a cluster node; elsewhere `op` itself.
+    fn fence(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsOp, Errno> {
+        match &self.locks {
+            Some(l) => l.fence(ino, pid, op),
+            None => Ok(op),
+        }
+    }
+
     fn change_attr(&self, op: FsOp) -> Result<Attr, Errno> {
         match self.change(op)? {
             FsReply::Attr(a) => Ok(a),
@@ -516,11 +525,21 @@ impl Filesystem for TablixFs {
             mtime: mtime.map(set_time),
             ctime: ctime.map(nanos_of),
         };
+        // A truncation is a change of the file's data, fenced as a write.
         let r = match (set.size, route::node(ino.0)) {
-            (Some(_), Node::Stored(stored)) => self.lock_kept(stored, req.pid()),
-            _ => Ok(()),
+            (Some(_), Node::Stored(stored)) => self
+                .fence(
+                    stored,
+                    req.pid(),
+                    FsOp::SetAttr {
+                        ino: stored,
+                        attr: set,
+                    },
+                )
+                .and_then(|op| self.change_attr(op)),
+            _ => self.setattr_inner(ino.0, set),
         };
-        match r.and_then(|()| self.setattr_inner(ino.0, set)) {
+        match r {
             Ok(a) => reply.attr(&self.config.ttl, &file_attr(&a)),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -832,9 +851,6 @@ impl Filesystem for TablixFs {
             }
             Node::Stored(ino) => ino,
         };
-        if let Err(e) = self.lock_kept(ino, req.pid()) {
-            return reply.error(to_fuser(e));
-        }
         let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // On a cluster node another node may have appended since this
         // kernel last learned the file's size: an append goes where the
@@ -856,7 +872,10 @@ impl Filesystem for TablixFs {
                 kill_suidgid,
             },
         };
-        match (self.change(op), appending) {
+        let changed = self
+            .fence(ino, req.pid(), op)
+            .and_then(|op| self.change(op));
+        match (changed, appending) {
             // Written through the page cache (O_APPEND set after opening,
             // so not direct I/O): the pages hold the data where the kernel
             // guessed, and this write holds them until answered.
@@ -1117,15 +1136,19 @@ impl Filesystem for TablixFs {
     ) {
         let r = match route::node(ino.0) {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
-            Node::Stored(ino) => self.lock_kept(ino, req.pid()).and_then(|()| {
-                self.change(FsOp::Fallocate {
+            Node::Stored(ino) => self
+                .fence(
                     ino,
-                    offset,
-                    length,
-                    mode,
-                })
-                .map(|_| ())
-            }),
+                    req.pid(),
+                    FsOp::Fallocate {
+                        ino,
+                        offset,
+                        length,
+                        mode,
+                    },
+                )
+                .and_then(|op| self.change(op))
+                .map(|_| ()),
         };
         Self::reply_empty(reply, r);
     }

@@ -244,18 +244,48 @@ impl Locks {
     /// lock and changed the file meanwhile, and what this one writes now
     /// could undo that (an NFS client whose lease ran out does the same).
     pub(crate) fn not_lost(&self, ino: Ino, pid: u32) -> Result<(), Errno> {
-        let lost = self
+        self.holder(ino, pid).map(|_| ())
+    }
+
+    /// `op`, a change of `ino` by process `pid`, as it is to be proposed:
+    /// refused as [`Locks::not_lost`] says, and fenced (`FsOp::Fenced`)
+    /// while the process holds a lock on `ino`, so that it is refused
+    /// where it lands in the log if the lease took that lock before it
+    /// (this node may learn of it only after sending the change).
+    pub(crate) fn fence(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsOp, Errno> {
+        Ok(match self.holder(ino, pid)? {
+            Some(pid) => FsOp::Fenced {
+                node: self.node,
+                pid,
+                ino,
+                op: Box::new(op),
+            },
+            None => op,
+        })
+    }
+
+    /// The process id under which `pid` (a thread's) holds a lock on
+    /// `ino`, if it does; EIO if its lease took one it held.
+    fn holder(&self, ino: Ino, pid: u32) -> Result<Option<u32>, Errno> {
+        let (held, lost) = self
             .store
-            .read_latest(|c| read::lost_lock_pids(c, ino, self.node))
+            .read_latest(|c| {
+                Ok((
+                    read::lock_pids(c, ino, self.node)?,
+                    read::lost_lock_pids(c, ino, self.node)?,
+                ))
+            })
             .map_err(|e| store_errno(&e))?
-            .map_err(|e| fs_errno(&e))?;
-        if lost.is_empty() {
-            return Ok(());
+            .map_err(|e: tablix_fs::FsError| fs_errno(&e))?;
+        if held.is_empty() && lost.is_empty() {
+            return Ok(None);
         }
-        if lost.contains(&pid) || thread_group(pid).is_some_and(|p| lost.contains(&p)) {
+        let process = thread_group(pid).unwrap_or(pid);
+        let ids = [pid, process];
+        if ids.iter().any(|p| lost.contains(p)) {
             return Err(Errno::EIO);
         }
-        Ok(())
+        Ok(ids.into_iter().find(|p| held.contains(p)))
     }
 
     /// The owner closed the file: every lock it holds on it goes, and

@@ -1113,13 +1113,16 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
 /// script takes a lock, creates `locked` there, waits for `go`, then
 /// writes what happened to `result`. Meanwhile node 3 stops answering
 /// (its machine hangs) for longer than the lock lease, and `meanwhile`
-/// runs; then node 3 goes on and learns its lock was taken. Returns the
-/// script's result.
+/// runs; then node 3 goes on, `before_go` runs (given the script's
+/// pid), `go` is given, and `after_go` runs. Returns the script's
+/// result.
 fn cut_off_past_the_lease_while_locked(
     daemons: &[Daemon],
     script: &str,
     args: &[&Path],
     meanwhile: impl FnOnce(),
+    before_go: impl FnOnce(u32),
+    after_go: impl FnOnce(),
 ) -> String {
     use std::os::unix::process::CommandExt;
     use std::process::{Command, Stdio};
@@ -1147,13 +1150,9 @@ fn cut_off_past_the_lease_while_locked(
     daemons[2].signal(nix::sys::signal::Signal::SIGSTOP);
     meanwhile();
     daemons[2].signal(nix::sys::signal::Signal::SIGCONT);
-    eventually("node 3 learns its lock was taken", || {
-        local_rows(
-            &daemons[2],
-            &format!("SELECT count(*) FROM tablix_lost_lock WHERE node = 3 AND pid = {pid}"),
-        ) == serde_json::json!([[1]])
-    });
+    before_go(pid);
     std::fs::write(out.path().join("go"), b"").unwrap();
+    after_go();
     let result = out.path().join("result");
     eventually("node 3's process is done", || result.exists());
     let _ = holder.wait();
@@ -1184,6 +1183,7 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         f, out = sys.argv[1], sys.argv[2]\n\
         fd = os.open(f, os.O_RDWR)\n\
         fcntl.lockf(fd, fcntl.LOCK_EX)\n\
+        os.pwrite(fd, b'held', 0)\n\
         open(out + '/locked', 'w').close()\n\
         while not os.path.exists(out + '/go'):\n    time.sleep(0.05)\n\
         def put(fd, b, at):\n\
@@ -1198,20 +1198,41 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         r += ' then ' + put(fd, b'again', 5)\n\
         os.close(fd)\n\
         open(out + '/result', 'w').write(r)\n";
-    let result = cut_off_past_the_lease_while_locked(&daemons, writer, &[&lk(2)], || {
-        let took = Command::new("flock")
-            .args(["-x", "-w", "60"])
-            .arg(lk(0))
-            .args([
-                "sh",
-                "-c",
-                "printf node1 > \"$0\"",
-                &lk(0).to_string_lossy(),
-            ])
-            .stdin(Stdio::null())
-            .output_limited();
-        assert!(took.status.success(), "{took:?}");
-    });
+    // Node 3 goes on once it learned that its lock was taken.
+    let learned = |pid: u32| {
+        eventually("node 3 learns its lock was taken", || {
+            local_rows(
+                &daemons[2],
+                &format!("SELECT count(*) FROM tablix_lost_lock WHERE node = 3 AND pid = {pid}"),
+            ) == serde_json::json!([[1]])
+        })
+    };
+    let result = cut_off_past_the_lease_while_locked(
+        &daemons,
+        writer,
+        &[&lk(2)],
+        || {
+            // Written under the lock (fenced, and let through) before node 3
+            // was cut off.
+            eventually("node 3's write under its lock, on node 1", || {
+                std::fs::read(lk(0)).is_ok_and(|b| b == b"held......")
+            });
+            let took = Command::new("flock")
+                .args(["-x", "-w", "60"])
+                .arg(lk(0))
+                .args([
+                    "sh",
+                    "-c",
+                    "printf node1 > \"$0\"",
+                    &lk(0).to_string_lossy(),
+                ])
+                .stdin(Stdio::null())
+                .output_limited();
+            assert!(took.status.success(), "{took:?}");
+        },
+        learned,
+        || {},
+    );
     assert_eq!(
         result,
         format!("errno {} then wrote", libc::EIO),
@@ -1264,9 +1285,16 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         except sqlite3.Error as e:\n\
         \x20   r = 'failed: %s' % e\n\
         open(out + '/result', 'w').write(r)\n";
-    let result = cut_off_past_the_lease_while_locked(&daemons, transaction, &[&db(2)], || {
-        sql(0, "c.execute(\"INSERT INTO t VALUES ('n1')\")");
-    });
+    let result = cut_off_past_the_lease_while_locked(
+        &daemons,
+        transaction,
+        &[&db(2)],
+        || {
+            sql(0, "c.execute(\"INSERT INTO t VALUES ('n1')\")");
+        },
+        learned,
+        || {},
+    );
     assert!(result.starts_with("failed"), "{result}");
     assert_eq!(
         sql(
@@ -1276,6 +1304,61 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         "base,n1\nok",
         "node 1's commit stands"
     );
+
+    // The race: node 3's process writes before node 3 heard of the
+    // expiry (nodes 1 and 2 are stopped when node 3 goes on), and its
+    // write reaches the log after it. The write was fenced: refused.
+    let lk2 = |n: usize| nodes[n].mnt.join("lk2");
+    std::fs::write(lk2(0), b"..........").unwrap();
+    eventually("the second file on node 3", || {
+        std::fs::read(lk2(2)).is_ok_and(|b| b.len() == 10)
+    });
+    let racer = "import fcntl, os, sys, time\n\
+        f, out = sys.argv[1], sys.argv[2]\n\
+        fd = os.open(f, os.O_RDWR)\n\
+        fcntl.lockf(fd, fcntl.LOCK_EX)\n\
+        open(out + '/locked', 'w').close()\n\
+        while not os.path.exists(out + '/go'):\n    time.sleep(0.01)\n\
+        try:\n\
+        \x20   os.pwrite(fd, b'late', 0)\n\
+        \x20   r = 'wrote'\n\
+        except OSError as e:\n\
+        \x20   r = 'errno %d' % e.errno\n\
+        open(out + '/result', 'w').write(r)\n";
+    let result = cut_off_past_the_lease_while_locked(
+        &daemons,
+        racer,
+        &[&lk2(2)],
+        || {
+            let took = Command::new("flock")
+                .args(["-x", "-w", "60"])
+                .arg(lk2(0))
+                .args([
+                    "sh",
+                    "-c",
+                    "printf node1 > \"$0\"",
+                    &lk2(0).to_string_lossy(),
+                ])
+                .stdin(Stdio::null())
+                .output_limited();
+            assert!(took.status.success(), "{took:?}");
+            for d in &daemons[..2] {
+                d.signal(nix::sys::signal::Signal::SIGSTOP);
+            }
+        },
+        |_| std::thread::sleep(Duration::from_millis(300)),
+        || {
+            // Well within the leader wait (5 s) of node 3's write.
+            std::thread::sleep(Duration::from_secs(1));
+            for d in &daemons[..2] {
+                d.signal(nix::sys::signal::Signal::SIGCONT);
+            }
+        },
+    );
+    assert_eq!(result, format!("errno {}", libc::EIO));
+    eventually("node 1's bytes stand", || {
+        std::fs::read(lk2(0)).is_ok_and(|b| b == b"node1")
+    });
     for d in daemons {
         d.stop();
     }
