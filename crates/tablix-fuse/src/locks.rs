@@ -277,15 +277,23 @@ impl Locks {
             })
             .map_err(|e| store_errno(&e))?
             .map_err(|e: tablix_fs::FsError| fs_errno(&e))?;
-        if held.is_empty() && lost.is_empty() {
-            return Ok(None);
+        let standing = |p: u32| {
+            if lost.contains(&p) {
+                Err(Errno::EIO)
+            } else {
+                Ok(held.contains(&p).then_some(p))
+            }
+        };
+        match standing(pid)? {
+            Some(p) => Ok(Some(p)),
+            // Not the id a lock records (a process's): a thread's, whose
+            // process is looked up only when it may matter.
+            None if lost.is_empty() && held.is_empty() => Ok(None),
+            None => match thread_group(pid) {
+                Some(process) if process != pid => standing(process),
+                _ => Ok(None),
+            },
         }
-        let process = thread_group(pid).unwrap_or(pid);
-        let ids = [pid, process];
-        if ids.iter().any(|p| lost.contains(p)) {
-            return Err(Errno::EIO);
-        }
-        Ok(ids.into_iter().find(|p| held.contains(p)))
     }
 
     /// The owner closed the file: every lock it holds on it goes, and

@@ -1179,7 +1179,9 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
     eventually("the file on node 3", || {
         std::fs::read(lk(2)).is_ok_and(|b| b.len() == 10)
     });
-    let writer = "import fcntl, os, sys, time\n\
+    // The write under the lost lock comes from another thread of the
+    // process than the one that locked.
+    let writer = "import fcntl, os, sys, threading, time\n\
         f, out = sys.argv[1], sys.argv[2]\n\
         fd = os.open(f, os.O_RDWR)\n\
         fcntl.lockf(fd, fcntl.LOCK_EX)\n\
@@ -1192,7 +1194,11 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         \x20       return 'wrote'\n\
         \x20   except OSError as e:\n\
         \x20       return 'errno %d' % e.errno\n\
-        r = put(fd, b'late', 0)\n\
+        got = []\n\
+        t = threading.Thread(target=lambda: got.append(put(fd, b'late', 0)))\n\
+        t.start()\n\
+        t.join()\n\
+        r = got[0]\n\
         os.close(fd)\n\
         fd = os.open(f, os.O_RDWR)\n\
         r += ' then ' + put(fd, b'again', 5)\n\
