@@ -374,7 +374,7 @@ pub fn lock_conflict(
 }
 
 /// Whether `(node, owner)` holds a lock on `ino`, or held one that its
-/// node's lease took (see [`lost_lock`]): either way its close has
+/// node's lease took (see [`lost_lock_pids`]): either way its close has
 /// something to let go of.
 pub fn holds_or_lost_lock(
     conn: &Connection,
@@ -395,23 +395,22 @@ pub fn holds_or_lost_lock(
 
 /// The processes (`pid`s) of `node` that hold a lock on `ino`.
 pub fn lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
-    let pids = conn
-        .prepare_cached("SELECT DISTINCT pid FROM tablix_lock WHERE ino = ?1 AND node = ?2")?
-        .query_map(params![ino as i64, node as i64], |r| r.get::<_, i64>(0))?
-        .collect::<Result<Vec<i64>, _>>()?;
-    Ok(pids
-        .into_iter()
-        .filter_map(|p| u32::try_from(p).ok())
-        .collect())
+    pids(conn, "tablix_lock", ino, node)
 }
 
 /// The processes (`pid`s) of `node` that held a lock on `ino` which the
 /// node's lease took from them (`FsOp::ExpireLocks`), and have not closed
 /// the file since.
 pub fn lost_lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
+    pids(conn, "tablix_lost_lock", ino, node)
+}
+
+/// The distinct `pid`s of `table`'s rows for `(ino, node)`.
+fn pids(conn: &Connection, table: &str, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
+    let sql = format!("SELECT DISTINCT pid FROM {table} WHERE ino = ?1 AND node = ?2");
     let pids = conn
-        .prepare_cached("SELECT DISTINCT pid FROM tablix_lost_lock WHERE node = ?1 AND ino = ?2")?
-        .query_map(params![node as i64, ino as i64], |r| r.get::<_, i64>(0))?
+        .prepare_cached(&sql)?
+        .query_map(params![ino as i64, node as i64], |r| r.get::<_, i64>(0))?
         .collect::<Result<Vec<i64>, _>>()?;
     Ok(pids
         .into_iter()
