@@ -82,6 +82,14 @@ const SHARED_MEMORY_SUFFIX: &[u8] = b"-shm";
 /// I/O); every other file's is 0.
 const APPENDING: FileHandle = FileHandle(1);
 
+/// The attributes an operation answered with.
+fn attr_of(reply: FsReply) -> Result<Attr, Errno> {
+    match reply {
+        FsReply::Attr(a) => Ok(a),
+        _ => Err(Errno::EIO),
+    }
+}
+
 impl TablixFs {
     pub(crate) fn new(
         store: Arc<Store>,
@@ -176,20 +184,23 @@ impl TablixFs {
         self.locks.as_ref().map_or(Ok(()), |l| l.not_lost(ino, pid))
     }
 
-    /// `op`, a change of `ino` by process `pid`, as `Locks::fence` has it
-    /// proposed on a cluster node; elsewhere `op` itself.
-    fn fence(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsOp, Errno> {
-        match &self.locks {
-            Some(l) => l.fence(ino, pid, op),
-            None => Ok(op),
+    /// Applies `op`, a change of `ino` by process `pid`, fenced as
+    /// `Locks::fence` has it on a cluster node.
+    fn change_fenced(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsReply, Errno> {
+        let Some(locks) = &self.locks else {
+            return self.change(op);
+        };
+        let op = locks.fence(ino, pid, op)?;
+        let fenced = matches!(op, FsOp::Fenced { .. });
+        let r = self.change(op);
+        if fenced && r == Err(Errno::EIO) {
+            locks.lost(ino, pid);
         }
+        r
     }
 
     fn change_attr(&self, op: FsOp) -> Result<Attr, Errno> {
-        match self.change(op)? {
-            FsReply::Attr(a) => Ok(a),
-            _ => Err(Errno::EIO),
-        }
+        attr_of(self.change(op)?)
     }
 
     fn read<R>(
@@ -528,7 +539,7 @@ impl Filesystem for TablixFs {
         // A truncation is a change of the file's data, fenced as a write.
         let r = match (set.size, route::node(ino.0)) {
             (Some(_), Node::Stored(stored)) => self
-                .fence(
+                .change_fenced(
                     stored,
                     req.pid(),
                     FsOp::SetAttr {
@@ -536,7 +547,7 @@ impl Filesystem for TablixFs {
                         attr: set,
                     },
                 )
-                .and_then(|op| self.change_attr(op)),
+                .and_then(attr_of),
             _ => self.setattr_inner(ino.0, set),
         };
         match r {
@@ -872,10 +883,7 @@ impl Filesystem for TablixFs {
                 kill_suidgid,
             },
         };
-        let changed = self
-            .fence(ino, req.pid(), op)
-            .and_then(|op| self.change(op));
-        match (changed, appending) {
+        match (self.change_fenced(ino, req.pid(), op), appending) {
             // Written through the page cache (O_APPEND set after opening,
             // so not direct I/O): the pages hold the data where the kernel
             // guessed, and this write holds them until answered.
@@ -1137,7 +1145,7 @@ impl Filesystem for TablixFs {
         let r = match route::node(ino.0) {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
             Node::Stored(ino) => self
-                .fence(
+                .change_fenced(
                     ino,
                     req.pid(),
                     FsOp::Fallocate {
@@ -1147,7 +1155,6 @@ impl Filesystem for TablixFs {
                         mode,
                     },
                 )
-                .and_then(|op| self.change(op))
                 .map(|_| ()),
         };
         Self::reply_empty(reply, r);

@@ -24,6 +24,7 @@
 //! * A node's locks go when it mounts again (its kernel, and its
 //!   processes' descriptors, are new) and when it leaves the cluster.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::Duration;
 
@@ -38,6 +39,10 @@ const RETRY: Duration = Duration::from_millis(20);
 
 /// How long a lock's caller waits for its file's cached pages to go.
 const DROP_WAIT: Duration = Duration::from_secs(1);
+
+/// Most (file, process) pairs whose lost lock was logged that are kept
+/// to log each once; past it the record starts again.
+const TOLD: usize = 4096;
 
 /// One lock request, as the kernel sent it.
 #[derive(Clone, Copy, Debug)]
@@ -95,6 +100,8 @@ pub(crate) struct Locks {
     dropper: OnceLock<Mutex<mpsc::Sender<PageDrop>>>,
     waiting: Mutex<Waiting>,
     changed: Condvar,
+    /// The (file, process) pairs refused for a lost lock, logged once.
+    told: Mutex<HashSet<(Ino, u32)>>,
 }
 
 /// The lock kind of a `struct flock` type.
@@ -115,6 +122,7 @@ impl Locks {
             dropper: OnceLock::new(),
             waiting: Mutex::new(Waiting::default()),
             changed: Condvar::new(),
+            told: Mutex::default(),
         })
     }
 
@@ -279,6 +287,7 @@ impl Locks {
             .map_err(|e: tablix_fs::FsError| fs_errno(&e))?;
         let standing = |p: u32| {
             if lost.contains(&p) {
+                self.lost(ino, p);
                 Err(Errno::EIO)
             } else {
                 Ok(held.contains(&p).then_some(p))
@@ -293,6 +302,22 @@ impl Locks {
                 Some(process) if process != pid => standing(process),
                 _ => Ok(None),
             },
+        }
+    }
+
+    /// Says (once per file and process) why process `pid`'s change of
+    /// `ino` was refused: its lock was lost.
+    pub(crate) fn lost(&self, ino: Ino, pid: u32) {
+        let Ok(mut told) = self.told.lock() else {
+            return;
+        };
+        if told.len() >= TOLD {
+            told.clear();
+        }
+        if told.insert((ino, pid)) {
+            tracing::warn!(
+                "process {pid} held a lock on inode {ino} that the cluster's lock lease took while this node was out of reach: its changes to the file fail with EIO until it closes it"
+            );
         }
     }
 
