@@ -393,28 +393,44 @@ pub fn holds_or_lost_lock(
         .is_some())
 }
 
-/// The processes (`pid`s) of `node` that hold a lock on `ino`.
-pub fn lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
-    pids(conn, "tablix_lock", ino, node)
+/// The locks `node` holds on `ino`, as (owner, pid), one per owner and
+/// process.
+pub fn file_locks(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<(u64, u32)>, FsError> {
+    holders(conn, "tablix_lock", ino, node)
 }
 
-/// The processes (`pid`s) of `node` that held a lock on `ino` which the
-/// node's lease took from them (`FsOp::ExpireLocks`), and have not closed
-/// the file since.
+/// The locks on `ino` that `node`'s lease took (`FsOp::ExpireLocks`)
+/// from processes that have not closed the file since, as (owner, pid).
+pub fn file_lost_locks(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<(u64, u32)>, FsError> {
+    holders(conn, "tablix_lost_lock", ino, node)
+}
+
+/// The processes (`pid`s) of `node` whose lock on `ino` its lease took,
+/// as [`file_lost_locks`].
 pub fn lost_lock_pids(conn: &Connection, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
-    pids(conn, "tablix_lost_lock", ino, node)
+    Ok(file_lost_locks(conn, ino, node)?
+        .into_iter()
+        .map(|(_, pid)| pid)
+        .collect())
 }
 
-/// The distinct `pid`s of `table`'s rows for `(ino, node)`.
-fn pids(conn: &Connection, table: &str, ino: Ino, node: u64) -> Result<Vec<u32>, FsError> {
-    let sql = format!("SELECT DISTINCT pid FROM {table} WHERE ino = ?1 AND node = ?2");
-    let pids = conn
+/// The distinct (owner, pid) of `table`'s rows for `(ino, node)`.
+fn holders(
+    conn: &Connection,
+    table: &str,
+    ino: Ino,
+    node: u64,
+) -> Result<Vec<(u64, u32)>, FsError> {
+    let sql = format!("SELECT DISTINCT owner, pid FROM {table} WHERE ino = ?1 AND node = ?2");
+    let rows = conn
         .prepare_cached(&sql)?
-        .query_map(params![ino as i64, node as i64], |r| r.get::<_, i64>(0))?
-        .collect::<Result<Vec<i64>, _>>()?;
-    Ok(pids
+        .query_map(params![ino as i64, node as i64], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows
         .into_iter()
-        .filter_map(|p| u32::try_from(p).ok())
+        .filter_map(|(owner, pid)| Some((owner as u64, u32::try_from(pid).ok()?)))
         .collect())
 }
 

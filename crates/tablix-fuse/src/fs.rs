@@ -6,7 +6,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -71,6 +71,8 @@ pub struct TablixFs {
     locks: Option<Arc<Locks>>,
     /// Whether a refused SQLite WAL index was logged (once a mount).
     shm_refusal_logged: AtomicBool,
+    /// Files opened so far on a cluster node (their handles' numbers).
+    opened: AtomicU64,
 }
 
 const GENERATION: Generation = Generation(0);
@@ -78,9 +80,13 @@ const GENERATION: Generation = Generation(0);
 /// How SQLite names a database's WAL index: the database's name and this.
 const SHARED_MEMORY_SUFFIX: &[u8] = b"-shm";
 
-/// The handle of a file opened with O_APPEND on a cluster node (for direct
-/// I/O); every other file's is 0.
-const APPENDING: FileHandle = FileHandle(1);
+/// Whether a file's handle says it was opened with O_APPEND on a cluster
+/// node (for direct I/O). There each open gets a handle of its own, a
+/// number times two, plus one for O_APPEND, so that locks taken through
+/// an open file are known by it; elsewhere every file's handle is 0.
+fn opened_appending(fh: FileHandle) -> bool {
+    fh.0 & 1 == 1
+}
 
 /// The attributes an operation answered with.
 fn attr_of(reply: FsReply) -> Result<Attr, Errno> {
@@ -109,6 +115,7 @@ impl TablixFs {
             refs,
             locks,
             shm_refusal_logged: AtomicBool::new(false),
+            opened: AtomicU64::new(0),
         }
     }
 
@@ -141,18 +148,20 @@ impl TablixFs {
         if self.locks.is_none() {
             return (FileHandle(0), cached);
         }
+        let number = self.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        let handle = |appending: bool| FileHandle((number << 1) | u64::from(appending));
         if shm {
             if !self.shm_refusal_logged.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
                     "a SQLite WAL index (a file named *-shm) was opened on a cluster node's mount: shared memory cannot span nodes, so mapping it is refused and SQLite reports an I/O error; use a rollback journal (PRAGMA journal_mode=DELETE) or PRAGMA locking_mode=EXCLUSIVE before WAL"
                 );
             }
-            return (FileHandle(0), cached | FopenFlags::FOPEN_DIRECT_IO);
+            return (handle(false), cached | FopenFlags::FOPEN_DIRECT_IO);
         }
         if flags & libc::O_APPEND != 0 {
-            return (APPENDING, cached | FopenFlags::FOPEN_DIRECT_IO);
+            return (handle(true), cached | FopenFlags::FOPEN_DIRECT_IO);
         }
-        (FileHandle(0), cached)
+        (handle(false), cached)
     }
 
     /// Runs `op`, which may hand the kernel one inode (its `Ok`), as an
@@ -180,17 +189,25 @@ impl TablixFs {
 
     /// On a cluster node: EIO for a process whose lock on `ino` the
     /// node's lease took, until it closes the file (`Locks::not_lost`).
-    fn lock_kept(&self, ino: Ino, pid: u32) -> Result<(), Errno> {
-        self.locks.as_ref().map_or(Ok(()), |l| l.not_lost(ino, pid))
+    fn lock_kept(&self, ino: Ino, pid: u32, fh: FileHandle) -> Result<(), Errno> {
+        self.locks
+            .as_ref()
+            .map_or(Ok(()), |l| l.not_lost(ino, pid, fh.0))
     }
 
-    /// Applies `op`, a change of `ino` by process `pid`, fenced as
-    /// `Locks::fence` has it on a cluster node.
-    fn change_fenced(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsReply, Errno> {
+    /// Applies `op`, a change of `ino` by process `pid` through open
+    /// file `fh` (0: none), fenced as `Locks::fence` has it on a cluster
+    /// node.
+    fn change_fenced(
+        &self,
+        (ino, fh): (Ino, FileHandle),
+        pid: u32,
+        op: FsOp,
+    ) -> Result<FsReply, Errno> {
         let Some(locks) = &self.locks else {
             return self.change(op);
         };
-        let op = locks.fence(ino, pid, op)?;
+        let op = locks.fence(ino, pid, fh.0, op)?;
         let fenced = matches!(op, FsOp::Fenced { .. });
         let r = self.change(op);
         if fenced && r == Err(Errno::EIO) {
@@ -520,7 +537,7 @@ impl Filesystem for TablixFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
@@ -540,7 +557,7 @@ impl Filesystem for TablixFs {
         let r = match (set.size, route::node(ino.0)) {
             (Some(_), Node::Stored(stored)) => self
                 .change_fenced(
-                    stored,
+                    (stored, fh.unwrap_or(FileHandle(0))),
                     req.pid(),
                     FsOp::SetAttr {
                         ino: stored,
@@ -700,9 +717,10 @@ impl Filesystem for TablixFs {
             self.pipes.open(ino, flags.0, req.pid(), reply);
             return;
         }
-        // No per-open state is kept for files; the kernel keeps its page
-        // cache across opens, which is right because every change to a
-        // file comes through this mount. (OPEN cannot be refused with
+        // No per-open state is kept for files (a cluster node numbers its
+        // opens and remembers only the locks taken through each); the
+        // kernel keeps its page cache across opens, which is right
+        // because every change to a file comes through this mount. (OPEN cannot be refused with
         // ENOSYS to save the round trip: that would switch it off for the
         // pipe files too.)
         // The name is read from the node's own state, past the mount's
@@ -738,7 +756,10 @@ impl Filesystem for TablixFs {
                 Ok(())
             }
             // The open file description's `flock` goes with it.
-            (Node::Stored(ino), Some(locks), Some(owner)) => locks.closed(ino, owner.0),
+            (Node::Stored(ino), Some(locks), owner) => {
+                locks.released(fh.0);
+                owner.map_or(Ok(()), |owner| locks.closed(ino, owner.0))
+            }
             _ => Ok(()),
         };
         Self::reply_empty(reply, r);
@@ -748,7 +769,7 @@ impl Filesystem for TablixFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -758,7 +779,7 @@ impl Filesystem for TablixFs {
     ) {
         let r = match (route::node(ino.0), &self.locks) {
             (Node::Stored(ino), Some(locks)) => {
-                LockRequest::of(ino, lock_owner.0, pid, (start, end), typ)
+                LockRequest::of((ino, fh.0), lock_owner.0, pid, (start, end), typ)
                     .and_then(|request| locks.conflicting(request))
             }
             _ => Err(Errno(libc::ENOLCK)),
@@ -773,7 +794,7 @@ impl Filesystem for TablixFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -785,7 +806,7 @@ impl Filesystem for TablixFs {
         let (Node::Stored(ino), Some(locks)) = (route::node(ino.0), &self.locks) else {
             return reply.error(to_fuser(Errno(libc::ENOLCK)));
         };
-        match LockRequest::of(ino, lock_owner.0, pid, (start, end), typ) {
+        match LockRequest::of((ino, fh.0), lock_owner.0, pid, (start, end), typ) {
             Ok(request) => locks.set(request, sleep.then_some(req.pid()), reply),
             Err(e) => reply.error(to_fuser(e)),
         }
@@ -883,11 +904,11 @@ impl Filesystem for TablixFs {
                 kill_suidgid,
             },
         };
-        match (self.change_fenced(ino, req.pid(), op), appending) {
+        match (self.change_fenced((ino, fh), req.pid(), op), appending) {
             // Written through the page cache (O_APPEND set after opening,
             // so not direct I/O): the pages hold the data where the kernel
             // guessed, and this write holds them until answered.
-            (Ok(FsReply::Written(n)), Some(locks)) if fh != APPENDING => {
+            (Ok(FsReply::Written(n)), Some(locks)) if !opened_appending(fh) => {
                 reply.written(n);
                 locks.drop_pages_later(ino);
             }
@@ -928,7 +949,7 @@ impl Filesystem for TablixFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
@@ -936,7 +957,7 @@ impl Filesystem for TablixFs {
             // Every byte of a pipe is in the memory database already.
             Node::Virtual(_) => Ok(()),
             Node::Stored(ino) => self
-                .lock_kept(ino, req.pid())
+                .lock_kept(ino, req.pid(), fh)
                 .and_then(|()| self.fsync_inner()),
         };
         Self::reply_empty(reply, r);
@@ -1136,7 +1157,7 @@ impl Filesystem for TablixFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
@@ -1146,7 +1167,7 @@ impl Filesystem for TablixFs {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
             Node::Stored(ino) => self
                 .change_fenced(
-                    ino,
+                    (ino, fh),
                     req.pid(),
                     FsOp::Fallocate {
                         ino,

@@ -24,7 +24,7 @@
 //! * A node's locks go when it mounts again (its kernel, and its
 //!   processes' descriptors, are new) and when it leaves the cluster.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, mpsc};
 use std::time::Duration;
 
@@ -53,12 +53,15 @@ pub(crate) struct LockRequest {
     pub(crate) start: u64,
     pub(crate) end: u64,
     pub(crate) kind: LockKind,
+    /// The handle of the open file it came through (0: none).
+    pub(crate) fh: u64,
 }
 
 impl LockRequest {
-    /// A request as the kernel sends it, its `struct flock` type included.
+    /// A request as the kernel sends it through open file `fh`, its
+    /// `struct flock` type included.
     pub(crate) fn of(
-        ino: Ino,
+        (ino, fh): (Ino, u64),
         owner: u64,
         pid: u32,
         (start, end): (u64, u64),
@@ -71,6 +74,7 @@ impl LockRequest {
             start,
             end,
             kind: lock_kind(typ)?,
+            fh,
         })
     }
 }
@@ -102,6 +106,11 @@ pub(crate) struct Locks {
     changed: Condvar,
     /// The (file, process) pairs refused for a lost lock, logged once.
     told: Mutex<HashSet<(Ino, u32)>>,
+    /// The locks taken through each open file, by its handle, as (file,
+    /// owner), until it is released: a change through that open file
+    /// is its locks' owners' (a `flock` taken by a helper process, for
+    /// its parent to write under).
+    through: Mutex<HashMap<u64, HashSet<(Ino, u64)>>>,
 }
 
 /// The lock kind of a `struct flock` type.
@@ -123,6 +132,7 @@ impl Locks {
             waiting: Mutex::new(Waiting::default()),
             changed: Condvar::new(),
             told: Mutex::default(),
+            through: Mutex::default(),
         })
     }
 
@@ -216,9 +226,41 @@ impl Locks {
             .apply_fs_now(Stamp::now(), op)
             .map_err(|e| store_errno(&e))??;
         if request.kind != LockKind::Unlock {
+            if request.fh != 0
+                && let Ok(mut through) = self.through.lock()
+            {
+                through
+                    .entry(request.fh)
+                    .or_default()
+                    .insert((request.ino, request.owner));
+            }
             self.drop_pages(request.ino);
         }
         Ok(())
+    }
+
+    /// Open file `fh` was released: the locks taken through it are
+    /// their owners' alone.
+    pub(crate) fn released(&self, fh: u64) {
+        if let Ok(mut through) = self.through.lock() {
+            through.remove(&fh);
+        }
+    }
+
+    /// The owners of locks on `ino` taken through open file `fh`.
+    fn owners_through(&self, fh: u64, ino: Ino) -> Vec<u64> {
+        self.through
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.get(&fh).map(|set| {
+                    set.iter()
+                        .filter(|(i, _)| *i == ino)
+                        .map(|(_, owner)| *owner)
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
     }
 
     /// F_SETLK, and F_SETLKW (`wait`, by task `waiter`): answered at
@@ -246,22 +288,24 @@ impl Locks {
         }
     }
 
-    /// EIO while process `pid` (a thread's id, as FUSE gives it) held a
-    /// lock on `ino` that this node's lease took from it and has not
-    /// closed the file since: another node's process may have taken the
-    /// lock and changed the file meanwhile, and what this one writes now
-    /// could undo that (an NFS client whose lease ran out does the same).
-    pub(crate) fn not_lost(&self, ino: Ino, pid: u32) -> Result<(), Errno> {
-        self.holder(ino, pid).map(|_| ())
+    /// EIO while process `pid` (a thread's id, as FUSE gives it), or
+    /// open file `fh`, held a lock on `ino` that this node's lease took
+    /// and has not closed the file since: another node's process may
+    /// have taken the lock and changed the file meanwhile, and what this
+    /// one writes now could undo that (an NFS client whose lease ran out
+    /// does the same).
+    pub(crate) fn not_lost(&self, ino: Ino, pid: u32, fh: u64) -> Result<(), Errno> {
+        self.holder(ino, pid, fh).map(|_| ())
     }
 
-    /// `op`, a change of `ino` by process `pid`, as it is to be proposed:
-    /// refused as [`Locks::not_lost`] says, and fenced (`FsOp::Fenced`)
-    /// while the process holds a lock on `ino`, so that it is refused
-    /// where it lands in the log if the lease took that lock before it
-    /// (this node may learn of it only after sending the change).
-    pub(crate) fn fence(&self, ino: Ino, pid: u32, op: FsOp) -> Result<FsOp, Errno> {
-        Ok(match self.holder(ino, pid)? {
+    /// `op`, a change of `ino` by process `pid` through open file `fh`,
+    /// as it is to be proposed: refused as [`Locks::not_lost`] says, and
+    /// fenced (`FsOp::Fenced`) while the process, or a lock taken
+    /// through `fh`, holds a lock on `ino`, so that it is refused where
+    /// it lands in the log if the lease took that lock before it (this
+    /// node may learn of it only after sending the change).
+    pub(crate) fn fence(&self, ino: Ino, pid: u32, fh: u64, op: FsOp) -> Result<FsOp, Errno> {
+        Ok(match self.holder(ino, pid, fh)? {
             Some(pid) => FsOp::Fenced {
                 node: self.node,
                 pid,
@@ -272,32 +316,41 @@ impl Locks {
         })
     }
 
-    /// The process id under which `pid` (a thread's) holds a lock on
-    /// `ino`, if it does; EIO if its lease took one it held.
-    fn holder(&self, ino: Ino, pid: u32) -> Result<Option<u32>, Errno> {
+    /// The process id of the lock on `ino` that a change by `pid`
+    /// through `fh` is made under, if any: the process's own, or one
+    /// taken through `fh`. EIO if the lease took such a lock.
+    fn holder(&self, ino: Ino, pid: u32, fh: u64) -> Result<Option<u32>, Errno> {
         let (held, lost) = self
             .store
             .read_latest(|c| {
                 Ok((
-                    read::lock_pids(c, ino, self.node)?,
-                    read::lost_lock_pids(c, ino, self.node)?,
+                    read::file_locks(c, ino, self.node)?,
+                    read::file_lost_locks(c, ino, self.node)?,
                 ))
             })
             .map_err(|e| store_errno(&e))?
             .map_err(|e: tablix_fs::FsError| fs_errno(&e))?;
-        let standing = |p: u32| {
-            if lost.contains(&p) {
+        if held.is_empty() && lost.is_empty() {
+            return Ok(None);
+        }
+        let owners = self.owners_through(fh, ino);
+        // A lock of `p` or one taken through `fh`, as its process's id.
+        let of = |rows: &[(u64, u32)], p: u32| {
+            rows.iter()
+                .find(|(owner, q)| *q == p || owners.contains(owner))
+                .map(|(_, q)| *q)
+        };
+        let standing = |p: u32| match of(&lost, p) {
+            Some(_) => {
                 self.lost(ino, p);
                 Err(Errno::EIO)
-            } else {
-                Ok(held.contains(&p).then_some(p))
             }
+            None => Ok(of(&held, p)),
         };
         match standing(pid)? {
             Some(p) => Ok(Some(p)),
-            // Not the id a lock records (a process's): a thread's, whose
-            // process is looked up only when it may matter.
-            None if lost.is_empty() && held.is_empty() => Ok(None),
+            // Not the id a lock records (a process's) but a thread's,
+            // whose process is looked up only now that it may matter.
             None => match thread_group(pid) {
                 Some(process) if process != pid => standing(process),
                 _ => Ok(None),
@@ -339,6 +392,7 @@ impl Locks {
             start: 0,
             end: u64::MAX,
             kind: LockKind::Unlock,
+            fh: 0,
         })
     }
 

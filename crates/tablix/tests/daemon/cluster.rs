@@ -1109,16 +1109,16 @@ fn locks_hold_across_nodes_and_sqlite_databases_are_shared_through_them() {
     }
 }
 
-/// Runs python3 `script` on node 3 with `args` and a directory: the
-/// script takes a lock, creates `locked` there, waits for `go`, then
-/// writes what happened to `result`. Meanwhile node 3 stops answering
+/// Runs `program` on node 3 with `args` and a directory: it takes a
+/// lock, creates `locked` there, waits for `go`, then writes what
+/// happened to `result`. Meanwhile node 3 stops answering
 /// (its machine hangs) for longer than the lock lease, and `meanwhile`
 /// runs; then node 3 goes on, `before_go` runs (given the script's
 /// pid), `go` is given, and `after_go` runs. Returns the script's
 /// result.
 fn cut_off_past_the_lease_while_locked(
     daemons: &[Daemon],
-    script: &str,
+    program: &[&str],
     args: &[&Path],
     meanwhile: impl FnOnce(),
     before_go: impl FnOnce(u32),
@@ -1128,9 +1128,8 @@ fn cut_off_past_the_lease_while_locked(
     use std::process::{Command, Stdio};
     let out = tempfile::tempdir().unwrap();
     // Its own process group, no descriptor of the test's output.
-    let mut holder = Command::new("python3")
-        .arg("-c")
-        .arg(script)
+    let mut holder = Command::new(program[0])
+        .args(&program[1..])
         .args(args)
         .arg(out.path())
         .stdin(Stdio::null())
@@ -1144,7 +1143,7 @@ fn cut_off_past_the_lease_while_locked(
         out.path().join("locked").exists()
             && local_rows(
                 &daemons[0],
-                &format!("SELECT count(*) > 0 FROM tablix_lock WHERE node = 3 AND pid = {pid}"),
+                "SELECT count(*) > 0 FROM tablix_lock WHERE node = 3",
             ) == serde_json::json!([[1]])
     });
     daemons[2].signal(nix::sys::signal::Signal::SIGSTOP);
@@ -1204,18 +1203,26 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         r += ' then ' + put(fd, b'again', 5)\n\
         os.close(fd)\n\
         open(out + '/result', 'w').write(r)\n";
-    // Node 3 goes on once it learned that its lock was taken.
-    let learned = |pid: u32| {
+    // Node 3 goes on once it learned that its lock was taken (by the
+    // lock's process: the one started, or a helper of it).
+    let learned = |_| {
         eventually("node 3 learns its lock was taken", || {
             local_rows(
                 &daemons[2],
-                &format!("SELECT count(*) FROM tablix_lost_lock WHERE node = 3 AND pid = {pid}"),
+                "SELECT count(*) > 0 FROM tablix_lost_lock WHERE node = 3",
             ) == serde_json::json!([[1]])
         })
     };
+    let forgotten = || {
+        for d in &daemons {
+            eventually("the lost lock forgotten on every node", || {
+                local_rows(d, "SELECT count(*) FROM tablix_lost_lock") == serde_json::json!([[0]])
+            });
+        }
+    };
     let result = cut_off_past_the_lease_while_locked(
         &daemons,
-        writer,
+        &["python3", "-c", writer],
         &[&lk(2)],
         || {
             // Written under the lock (fenced, and let through) before node 3
@@ -1244,15 +1251,54 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         format!("errno {} then wrote", libc::EIO),
         "its write under the lost lock fails, one after closing the file does not"
     );
-    for d in &daemons {
-        eventually("the lost lock forgotten on every node", || {
-            local_rows(d, "SELECT count(*) FROM tablix_lost_lock") == serde_json::json!([[0]])
-        });
-    }
+    forgotten();
     // What node 1 wrote under the lock stands; node 3's write after it
     // closed the file follows it.
     eventually("node 1's bytes, then node 3's", || {
         std::fs::read(lk(0)).is_ok_and(|b| b == b"node1again")
+    });
+
+    // A shell script whose lock a helper took (`flock` on a descriptor
+    // it handed down) writes through that descriptor: its open file's
+    // lock was lost, so its write is refused too.
+    let lk3 = |n: usize| nodes[n].mnt.join("lk3");
+    std::fs::write(lk3(0), b"..........").unwrap();
+    eventually("the third file on node 3", || {
+        std::fs::read(lk3(2)).is_ok_and(|b| b.len() == 10)
+    });
+    let script = r#"exec 9<>"$0"
+flock -x 9
+: > "$1/locked"
+while [ ! -e "$1/go" ]; do sleep 0.05; done
+if printf late >&9 2>/dev/null; then r=wrote; else r=refused; fi
+exec 9>&-
+printf %s "$r" > "$1/result"
+"#;
+    let result = cut_off_past_the_lease_while_locked(
+        &daemons,
+        &["bash", "-c", script],
+        &[&lk3(2)],
+        || {
+            let took = Command::new("flock")
+                .args(["-x", "-w", "60"])
+                .arg(lk3(0))
+                .args([
+                    "sh",
+                    "-c",
+                    "printf node1 > \"$0\"",
+                    &lk3(0).to_string_lossy(),
+                ])
+                .stdin(Stdio::null())
+                .output_limited();
+            assert!(took.status.success(), "{took:?}");
+        },
+        learned,
+        || {},
+    );
+    assert_eq!(result, "refused");
+    forgotten();
+    eventually("node 1's bytes stand", || {
+        std::fs::read(lk3(0)).is_ok_and(|b| b == b"node1")
     });
 
     // SQLite (rollback journal) on node 3 is in a write transaction when
@@ -1293,7 +1339,7 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         open(out + '/result', 'w').write(r)\n";
     let result = cut_off_past_the_lease_while_locked(
         &daemons,
-        transaction,
+        &["python3", "-c", transaction],
         &[&db(2)],
         || {
             sql(0, "c.execute(\"INSERT INTO t VALUES ('n1')\")");
@@ -1333,7 +1379,7 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
         open(out + '/result', 'w').write(r)\n";
     let result = cut_off_past_the_lease_while_locked(
         &daemons,
-        racer,
+        &["python3", "-c", racer],
         &[&lk2(2)],
         || {
             let took = Command::new("flock")
