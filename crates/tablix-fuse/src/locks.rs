@@ -23,6 +23,10 @@
 //!   read, not a page cached before it.
 //! * A node's locks go when it mounts again (its kernel, and its
 //!   processes' descriptors, are new) and when it leaves the cluster.
+//! * A lock's changes of its file (its process's, or through the open
+//!   file it was taken through) are proposed fenced (`FsOp::Fenced`),
+//!   and once the node's lease took the lock (`tablix_lost_lock`) they
+//!   are refused with EIO until the file is closed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, mpsc};
