@@ -285,9 +285,9 @@ CREATE TABLE main.tablix_lock(
 /// The locks a cluster node's lease took from it (`FsOp::ExpireLocks`):
 /// one row per process (`pid`, the lock owner `owner`) of `node` that
 /// held a lock on `ino` then. That process's writes to the file fail
-/// until it closes it (the owner's unlock of the whole file, at its
-/// FLUSH, takes the row away), as an NFS client's do once its lease is
-/// lost.
+/// until it closes it (the owner's unlock of the whole file as it
+/// closes, FLUSH or for a `flock` RELEASE, takes the row away), as an
+/// NFS client's do once its lease is lost.
 pub const MIGRATION_8: &str = "
 CREATE TABLE main.tablix_lost_lock(
     node  INTEGER NOT NULL,
