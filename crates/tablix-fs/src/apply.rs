@@ -37,8 +37,7 @@ pub fn apply(conn: &Connection, now: i64, op: &FsOp) -> Result<FsReply, FsError>
                  SELECT DISTINCT node, ino, pid, owner FROM tablix_lock WHERE node = ?1",
             )?
             .execute(params![*node as i64])?;
-            conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
-                .execute(params![*node as i64])?;
+            delete_locks(conn, *node)?;
             Ok(FsReply::Done)
         }
         FsOp::Lock {
@@ -208,10 +207,16 @@ fn released_by_all(conn: &Connection, ino: Ino) -> Result<bool, FsError> {
         .query_row(params![ino as i64], |r| r.get(0))?)
 }
 
-/// Every lock `node` holds goes.
-fn drop_locks(conn: &Connection, node: u64) -> Result<(), FsError> {
+/// `node`'s locks go (what its lease took, `tablix_lost_lock`, stays).
+fn delete_locks(conn: &Connection, node: u64) -> Result<(), FsError> {
     conn.prepare_cached("DELETE FROM tablix_lock WHERE node = ?1")?
         .execute(params![node as i64])?;
+    Ok(())
+}
+
+/// Every lock `node` holds goes, and what its lease took.
+fn drop_locks(conn: &Connection, node: u64) -> Result<(), FsError> {
+    delete_locks(conn, node)?;
     conn.prepare_cached("DELETE FROM tablix_lost_lock WHERE node = ?1")?
         .execute(params![node as i64])?;
     Ok(())

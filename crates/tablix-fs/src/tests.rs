@@ -21,6 +21,15 @@ fn fs_v2() -> Connection {
     c
 }
 
+/// The file system's migrations after the second, in order.
+const AFTER_V2: &[&str] = &[
+    MIGRATION_3,
+    MIGRATION_4,
+    MIGRATION_6,
+    MIGRATION_7,
+    MIGRATION_8,
+];
+
 /// Runs the migrations from 3 on, as the store does.
 fn migrate(c: &Connection, migrations: &[&str]) {
     c.execute_batch("PRAGMA legacy_alter_table = ON; PRAGMA foreign_keys = OFF;")
@@ -33,16 +42,7 @@ fn migrate(c: &Connection, migrations: &[&str]) {
 
 fn fs() -> Connection {
     let c = fs_v2();
-    migrate(
-        &c,
-        &[
-            MIGRATION_3,
-            MIGRATION_4,
-            MIGRATION_6,
-            MIGRATION_7,
-            MIGRATION_8,
-        ],
-    );
+    migrate(&c, AFTER_V2);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     c
 }
@@ -302,7 +302,7 @@ fn migration_4_moves_checksums_and_keeps_data() {
         ],
     )
     .expect("blocks");
-    migrate(&c, &[MIGRATION_4, MIGRATION_6, MIGRATION_7, MIGRATION_8]);
+    migrate(&c, &AFTER_V2[1..]);
     apply(&c, 1, &FsOp::Mount { uid: 0, gid: 0 }).expect("mount");
     let r = check(&c, 2, false).expect("check");
     assert!(r.is_clean(), "{r:?}");
@@ -353,16 +353,7 @@ fn migration_3_keeps_inodes_and_never_reuses_their_numbers() {
          INSERT INTO tablix_dirent(parent, name, ino) VALUES (1, CAST('five' AS BLOB), 5);",
     )
     .expect("old rows");
-    migrate(
-        &c,
-        &[
-            MIGRATION_3,
-            MIGRATION_4,
-            MIGRATION_6,
-            MIGRATION_7,
-            MIGRATION_8,
-        ],
-    );
+    migrate(&c, AFTER_V2);
     let seq: i64 = c
         .query_row("SELECT count(*) FROM sqlite_sequence", [], |r| r.get(0))
         .expect("sequence");

@@ -1173,6 +1173,17 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
     let nodes = Node::three(dir.path());
     let daemons: Vec<Daemon> = Node::start_cluster(&nodes, &["--lock-lease", "2"]);
     led_by(&nodes, 1);
+    // Node 1 takes the lock (waiting for the lease to free it) and
+    // writes "node1" over the file.
+    let node_1_takes_and_writes = |file: &Path| {
+        let took = Command::new("flock")
+            .args(["-x", "-w", "60"])
+            .arg(file)
+            .args(["sh", "-c", "printf node1 > \"$0\"", &file.to_string_lossy()])
+            .stdin(Stdio::null())
+            .output_limited();
+        assert!(took.status.success(), "{took:?}");
+    };
     let lk = |n: usize| nodes[n].mnt.join("lk");
     std::fs::write(lk(0), b"..........").unwrap();
     eventually("the file on node 3", || {
@@ -1230,18 +1241,7 @@ fn a_process_whose_lock_a_lease_took_gets_eio_until_it_closes_the_file() {
             eventually("node 3's write under its lock, on node 1", || {
                 std::fs::read(lk(0)).is_ok_and(|b| b == b"held......")
             });
-            let took = Command::new("flock")
-                .args(["-x", "-w", "60"])
-                .arg(lk(0))
-                .args([
-                    "sh",
-                    "-c",
-                    "printf node1 > \"$0\"",
-                    &lk(0).to_string_lossy(),
-                ])
-                .stdin(Stdio::null())
-                .output_limited();
-            assert!(took.status.success(), "{took:?}");
+            node_1_takes_and_writes(&lk(0));
         },
         learned,
         || {},
@@ -1279,18 +1279,7 @@ printf %s "$r" > "$1/result"
         &["bash", "-c", script],
         &[&lk3(2)],
         || {
-            let took = Command::new("flock")
-                .args(["-x", "-w", "60"])
-                .arg(lk3(0))
-                .args([
-                    "sh",
-                    "-c",
-                    "printf node1 > \"$0\"",
-                    &lk3(0).to_string_lossy(),
-                ])
-                .stdin(Stdio::null())
-                .output_limited();
-            assert!(took.status.success(), "{took:?}");
+            node_1_takes_and_writes(&lk3(0));
         },
         learned,
         || {},
@@ -1382,18 +1371,7 @@ printf %s "$r" > "$1/result"
         &["python3", "-c", racer],
         &[&lk2(2)],
         || {
-            let took = Command::new("flock")
-                .args(["-x", "-w", "60"])
-                .arg(lk2(0))
-                .args([
-                    "sh",
-                    "-c",
-                    "printf node1 > \"$0\"",
-                    &lk2(0).to_string_lossy(),
-                ])
-                .stdin(Stdio::null())
-                .output_limited();
-            assert!(took.status.success(), "{took:?}");
+            node_1_takes_and_writes(&lk2(0));
             for d in &daemons[..2] {
                 d.signal(nix::sys::signal::Signal::SIGSTOP);
             }
