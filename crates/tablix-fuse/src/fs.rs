@@ -73,6 +73,10 @@ pub struct TablixFs {
     shm_refusal_logged: AtomicBool,
     /// Files opened so far on a cluster node (their handles' numbers).
     opened: AtomicU64,
+    /// When a change the store failed was last logged (seconds since the
+    /// mount began): at most one line a second.
+    failure_logged: AtomicU64,
+    began: std::time::Instant,
 }
 
 const GENERATION: Generation = Generation(0);
@@ -116,6 +120,8 @@ impl TablixFs {
             locks,
             shm_refusal_logged: AtomicBool::new(false),
             opened: AtomicU64::new(0),
+            failure_logged: AtomicU64::new(0),
+            began: std::time::Instant::now(),
         }
     }
 
@@ -184,7 +190,23 @@ impl TablixFs {
         let stamp = Stamp::now();
         self.in_flight
             .during(stamp.seed, || self.store.apply_fs_now(stamp, op))
-            .map_err(|e| store_errno(&e))?
+            .map_err(|e| {
+                let errno = store_errno(&e);
+                self.log_failure(&e, errno);
+                errno
+            })?
+    }
+
+    /// Says why the store failed a change (not the operation's own
+    /// result, such as ENOENT), which the caller sees only as an errno;
+    /// at most once a second, so that a node without a leader does not
+    /// fill its log with every write it refuses.
+    fn log_failure(&self, e: &tablix_store::StoreError, errno: Errno) {
+        // 1 + seconds, so that the first failure is always logged.
+        let now = 1 + self.began.elapsed().as_secs();
+        if self.failure_logged.swap(now, Ordering::Relaxed) != now {
+            tracing::warn!("a change through the mount failed ({errno:?}): {e}");
+        }
     }
 
     /// On a cluster node: EIO for a process whose lock on `ino` the

@@ -31,6 +31,7 @@ mod mount;
 mod pipes;
 mod route;
 
+pub use attr::PREFERRED_IO_SIZE;
 pub use fs::{FsConfig, ReadGate, TablixFs};
 pub use holders::PipeHolders;
 pub use mount::{MountError, MountOptions, Mounted, mount};

@@ -81,7 +81,8 @@ pub struct ClusterConfig {
     /// cannot be reached.
     pub join_wait: Duration,
     /// A snapshot is taken (and the log behind it purged) every this many
-    /// applied entries.
+    /// applied entries, and for a large database not before the log
+    /// holds half its bytes (`take_snapshots`).
     pub snapshot_every: u64,
     /// Entries kept in the log behind the last snapshot, for followers
     /// that lag a little (one that lags more gets the snapshot).
@@ -428,6 +429,9 @@ impl Shared {
         let deadline = Instant::now() + self.leader_wait;
         let seed = command.stamp.seed;
         let mut last = String::from("no leader is known");
+        // Whether a copy sent may have been applied: then running out of
+        // time is not "no leader took it".
+        let mut maybe_applied = false;
         loop {
             // No leader will take a Command from a node it removed, and a
             // node is added again only by a member: waiting helps nothing.
@@ -483,6 +487,13 @@ impl Shared {
                         }
                         Ok(Err(e @ ProposeError::NotLeader { .. })) => last = e.to_string(),
                         Err(e @ TransportError::Unreachable { .. }) => last = e.to_string(),
+                        // The leader may have taken it, lost leadership or
+                        // died before answering: sent again, it is applied
+                        // once (its seed) and answered where it was.
+                        Err(e @ TransportError::NoAnswer { .. }) if Instant::now() < deadline => {
+                            last = format!("{e}; the Command may have been applied");
+                            maybe_applied = true;
+                        }
                         Ok(Err(e)) => {
                             return Err(StoreError::Replication(format!(
                                 "the leader, node {id}, refused the Command: {e}"
@@ -498,10 +509,16 @@ impl Shared {
                 None => {}
             }
             if Instant::now() >= deadline {
-                return Err(StoreError::NoLeader(format!(
-                    "no leader accepted the Command within {:?} ({last})",
-                    self.leader_wait
-                )));
+                let waited = self.leader_wait;
+                return Err(if maybe_applied {
+                    StoreError::Replication(format!(
+                        "no leader answered for the Command within {waited:?} ({last})"
+                    ))
+                } else {
+                    StoreError::NoLeader(format!(
+                        "no leader accepted the Command within {waited:?} ({last})"
+                    ))
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -1060,6 +1077,68 @@ fn removed(m: &openraft::RaftMetrics<NodeId, Node>, me: NodeId) -> bool {
     nodes.peek().is_some() && !nodes.any(|id| id == me)
 }
 
+/// A database at most this large is snapshotted every `snapshot_every`
+/// entries whatever their size.
+const SMALL_DATABASE: u64 = 64 << 20;
+
+/// Takes a snapshot (openraft then purges the log behind it) once
+/// `every` entries were applied since the last, and, for a database over
+/// `SMALL_DATABASE`, once the log holds at least half as many bytes as
+/// the database. A snapshot copies the whole database: by entries alone,
+/// every 5,000 small writes to a database of gigabytes copied all of it,
+/// on every node at once. With the byte bound a snapshot costs at most
+/// about two bytes copied for every byte logged.
+async fn take_snapshots(
+    shared: std::sync::Weak<Shared>,
+    store: std::sync::Weak<Store>,
+    log: LogStore<TypeConfig>,
+    every: u64,
+) {
+    // Openraft drops the metrics' sender when it stops.
+    let Some(metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if metrics.has_changed().is_err() {
+            return;
+        }
+        let (applied, snapshot) = {
+            let m = metrics.borrow();
+            (
+                m.last_applied.map_or(0, |l| l.index),
+                m.snapshot.map_or(0, |l| l.index),
+            )
+        };
+        if applied.saturating_sub(snapshot) < every {
+            continue;
+        }
+        let (Some(s), Some(store)) = (shared.upgrade(), store.upgrade()) else {
+            return;
+        };
+        // The log's lock waits for an append's sync: not on an async worker.
+        let logged = log.clone();
+        let sizes = tokio::task::spawn_blocking(move || {
+            store.database_bytes().map(|db| (db, logged.bytes()))
+        })
+        .await;
+        let (database, logged) = match sizes {
+            Ok(Ok(sizes)) => sizes,
+            other => {
+                tracing::warn!("reading the database's size for the snapshot policy: {other:?}");
+                continue;
+            }
+        };
+        if database > SMALL_DATABASE && logged < database / 2 {
+            continue;
+        }
+        if let Err(e) = s.raft.trigger().snapshot().await {
+            tracing::warn!("asking openraft for a snapshot: {e}");
+            return;
+        }
+    }
+}
+
 /// The lock lease. On the leader: expires (`FsOp::ExpireLocks`) the
 /// locks of a node that has answered none of its RPCs (heartbeats are
 /// some) for `lease`, counted from when this node took office at the
@@ -1423,7 +1502,8 @@ impl ClusterNode {
             heartbeat_interval: config.heartbeat_ms,
             election_timeout_min: config.election_timeout_ms.0,
             election_timeout_max: config.election_timeout_ms.1,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+            // `take_snapshots` decides.
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: config.keep_behind_snapshot,
             max_payload_entries: 16,
             snapshot_max_chunk_size: config.snapshot_chunk_bytes.max(1),
@@ -1432,11 +1512,12 @@ impl ClusterNode {
         .validate()
         .map_err(raft_error)?;
         let transport = Transport::with(config.tls.as_ref(), identity.clone());
+        let log = LogStore::new(log);
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
             Network::over(transport.clone()),
-            LogStore::new(log),
+            log.clone(),
             sm,
         )
         .await
@@ -1461,6 +1542,12 @@ impl ClusterNode {
         tokio::spawn(break_split_votes(
             Arc::downgrade(&shared),
             config.election_timeout_ms.1,
+        ));
+        tokio::spawn(take_snapshots(
+            Arc::downgrade(&shared),
+            Arc::downgrade(&store),
+            log,
+            config.snapshot_every.max(1),
         ));
         tokio::spawn(forget_gone_mounts(
             Arc::downgrade(&shared),

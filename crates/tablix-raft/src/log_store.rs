@@ -26,6 +26,14 @@ use tablix_log::Log;
 
 use crate::{from_log, to_log};
 
+/// Payload bytes past which a replication request takes no further
+/// entry. Openraft 0.9 gives an AppendEntries as long as the heartbeat
+/// interval (50 ms) before it counts as timed out and sends it again:
+/// sixteen entries of 1 MiB writes, its own cap, took longer than that to
+/// reach a busy follower's disk, and requests sent again and again kept
+/// heartbeats from followers until they called elections.
+const SEND_BYTES: usize = 1 << 20;
+
 /// The first byte of an openraft entry's payload: the encoding's version.
 /// (The store's own single-node entries start with 1.)
 const FORMAT: u8 = 2;
@@ -67,6 +75,12 @@ where
         }
     }
 
+    /// Bytes the log's live segments hold (`Log::bytes`); none once its
+    /// lock was poisoned.
+    pub fn bytes(&self) -> u64 {
+        self.log.lock().map_or(0, |l| l.bytes())
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, Log>, StorageError<C::NodeId>> {
         self.log.lock().map_err(|_| {
             io_error::<C>(
@@ -75,6 +89,34 @@ where
                 std::io::Error::other("the command log's lock was poisoned"),
             )
         })
+    }
+
+    /// Openraft's entries `[from, to)`, clamped to what the log holds,
+    /// stopping after the entry whose payload brings the bytes read to
+    /// `bytes` or more.
+    fn read(
+        &self,
+        from: u64,
+        to: u64,
+        bytes: usize,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        let log = self.lock()?;
+        // Openraft's indexes, clamped to what the log holds.
+        let from = from.max(log.first_index() - 1);
+        let to = to.min(log.next_index() - 1);
+        let mut out = Vec::new();
+        let mut read = 0usize;
+        for i in from..to.max(from) {
+            if read >= bytes {
+                break;
+            }
+            let e = log
+                .entry(i + 1)
+                .map_err(|e| io_error::<C>(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            read = read.saturating_add(e.payload.len());
+            out.push(Self::decode(&e)?);
+        }
+        Ok(out)
     }
 
     fn decode(entry: &tablix_log::Entry) -> Result<C::Entry, StorageError<C::NodeId>> {
@@ -106,30 +148,27 @@ where
         &mut self,
         range: RB,
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
-        let log = self.lock()?;
-        // Openraft's indexes, clamped to what the log holds.
-        let held_from = log.first_index() - 1;
-        let held_to = log.next_index() - 1;
         let from = match range.start_bound() {
             Bound::Included(&i) => i,
             Bound::Excluded(&i) => i.saturating_add(1),
             Bound::Unbounded => 0,
-        }
-        .max(held_from);
+        };
         let to = match range.end_bound() {
             Bound::Included(&i) => i.saturating_add(1),
             Bound::Excluded(&i) => i,
             Bound::Unbounded => u64::MAX,
-        }
-        .min(held_to);
-        let mut out = Vec::new();
-        for i in from..to.max(from) {
-            let e = log
-                .entry(i + 1)
-                .map_err(|e| io_error::<C>(ErrorSubject::Logs, ErrorVerb::Read, e))?;
-            out.push(Self::decode(&e)?);
-        }
-        Ok(out)
+        };
+        self.read(from, to, usize::MAX)
+    }
+
+    /// What one AppendEntries carries: entries from `start` until their
+    /// payloads pass `SEND_BYTES` (at least one).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        self.read(start, end, SEND_BYTES)
     }
 }
 

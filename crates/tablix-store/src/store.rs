@@ -478,6 +478,19 @@ impl Store {
             .map_err(Into::into)
     }
 
+    /// The persistent database's size in bytes (its pages), as a reader
+    /// sees it.
+    pub fn database_bytes(&self) -> Result<u64, StoreError> {
+        let bytes = self.read(|c| {
+            c.query_row(
+                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        })??;
+        Ok(u64::try_from(bytes).unwrap_or(0))
+    }
+
     /// Writes a snapshot of the state to `path` (replacing any file
     /// there): a consistent copy from one read transaction, taken while
     /// writes go on, synced. Then makes the state itself durable up to

@@ -328,7 +328,8 @@ pub struct UpArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "raft")]
     pub lock_lease: u64,
     /// Take a snapshot (and compact the log behind it) every this many
-    /// applied entries.
+    /// applied entries; for a database over 64 MiB, only once the log
+    /// also holds half the database's size in bytes.
     #[arg(long, value_name = "N", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub snapshot_every: u64,
     /// Stop (as on SIGTERM) when the process that started this one

@@ -412,6 +412,46 @@ fn entries_and_the_vote_read_back_after_reopening() {
 }
 
 #[test]
+fn a_replication_request_carries_entries_up_to_a_mebibyte_and_at_least_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
+        let mut store = LogStore::<TypeConfig>::new(log);
+        // Entries 0-9 small, 10-14 of 600 KiB each, 15 of 3 MiB.
+        let mut entries: Vec<_> = (0..10).map(|i| blank(1, i)).collect();
+        for i in 10..15 {
+            entries.push(command(
+                1,
+                i,
+                sql(&[&format!("SELECT '{}'", "x".repeat(600 << 10))]),
+            ));
+        }
+        entries.push(command(
+            1,
+            15,
+            sql(&[&format!("SELECT '{}'", "y".repeat(3 << 20))]),
+        ));
+        store.blocking_append(entries.clone()).await.unwrap();
+        let mut reader = store.get_log_reader().await;
+        // Small entries all go in one request.
+        let read = reader.limited_get_log_entries(0, 10).await.unwrap();
+        assert_eq!(read, entries[0..10].to_vec());
+        // Large ones stop at the entry that passes 1 MiB.
+        let read = reader.limited_get_log_entries(10, 16).await.unwrap();
+        assert_eq!(read, entries[10..12].to_vec());
+        // One larger than the bound still goes, alone.
+        let read = reader.limited_get_log_entries(15, 16).await.unwrap();
+        assert_eq!(read, entries[15..16].to_vec());
+        // Reading for anything else is not bounded.
+        let read = reader.try_get_log_entries(0..16).await.unwrap();
+        assert_eq!(read, entries);
+    });
+}
+
+#[test]
 fn a_cluster_of_one_applies_proposals_once_and_goes_on_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     runtime().block_on(async {

@@ -422,3 +422,74 @@ fn the_watcher_is_told_of_applied_file_changes_but_those_its_mount_claims() {
     let told: Vec<u64> = rx.try_iter().map(|n| n.seed).collect();
     assert_eq!(told, vec![theirs]);
 }
+
+#[test]
+fn a_snapshot_copied_in_steps_while_entries_apply_holds_one_committed_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tablix_store::StoreConfig::new(dir.path().join("data"));
+    config.log_keeper = LogKeeper::Replication;
+    let store = Arc::new(Store::open(config).unwrap());
+    // Some megabytes, so that the copy takes many steps.
+    let fill = entry(
+        2,
+        EntryPayload::Commands(vec![Stamped::new(
+            stamp(-2000),
+            ReplicatedCommand::Sql(crate::sql(&[
+                "CREATE TABLE fill(b)",
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 4000) \
+                 INSERT INTO fill SELECT randomblob(4000) FROM c",
+            ])),
+        )]),
+    );
+    store
+        .apply_entries(vec![create_entry(1), fill])
+        .wait()
+        .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (Arc::clone(&store), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut index = 3;
+            while !stop.load(Ordering::Relaxed) {
+                store
+                    .apply_entries(vec![insert_entry(index)])
+                    .wait()
+                    .unwrap();
+                index += 1;
+            }
+            index - 1
+        })
+    };
+    while store.applied_state().unwrap().applied.unwrap().index < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let mut states = Vec::new();
+    for round in 0..3 {
+        let path = dir.path().join(format!("snapshot-{round}.db"));
+        let held = store.snapshot_to(&path).unwrap().applied.unwrap().index;
+        let copy = rusqlite::Connection::open(&path).unwrap();
+        let rows: Vec<i64> = copy
+            .prepare("SELECT v FROM p ORDER BY v")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let filled: i64 = copy
+            .query_row("SELECT count(*) FROM fill", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(filled, 4000, "round {round}");
+        assert_eq!(
+            rows,
+            (3..=held as i64).collect::<Vec<i64>>(),
+            "round {round}: the snapshot names entry {held} but holds other rows"
+        );
+        states.push(held);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().unwrap();
+    assert!(
+        states.iter().all(|&held| held >= 10 && held < last),
+        "the snapshots were not taken while entries were applied: {states:?}, last {last}"
+    );
+}
