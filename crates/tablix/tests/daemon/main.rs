@@ -1088,7 +1088,7 @@ fn kill_9_in_async_mode_after_an_acknowledged_unsynced_write_keeps_every_fsynced
     tablix_testkit::require::fuse(
         "kill_9_in_async_mode_after_an_acknowledged_unsynced_write_keeps_every_fsynced_byte",
     );
-    crash_and_remount("async", Some("pending-applied:400"));
+    crash_and_remount("async", Some("pending-applied:150"));
 }
 
 #[test]
