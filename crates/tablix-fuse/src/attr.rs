@@ -4,6 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, INodeNo};
 use tablix_fs::Attr;
+use tablix_fs::schema::BLOCK_SIZE;
 
 pub fn time_of(ns: i64) -> SystemTime {
     if ns >= 0 {
@@ -32,15 +33,6 @@ pub fn kind_of(mode: u32) -> FileType {
     }
 }
 
-/// The I/O size the mount asks programs to use (`st_blksize`), and the
-/// largest write the daemon lets the kernel send at once: each write that
-/// reaches the mount is a Command, logged and synced (on a cluster,
-/// replicated) before it returns, so fewer, larger writes cost less.
-/// `cp` and `cat` size their buffers by it: copying 300 MiB took 5.7 s in
-/// 128 KiB writes and 4.1 s in 1 MiB ones on a plain daemon, 22.1 s and
-/// 12.3 s through a follower of three nodes.
-pub const PREFERRED_IO_SIZE: u32 = 1 << 20;
-
 pub fn file_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
@@ -56,7 +48,7 @@ pub fn file_attr(a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
-        blksize: PREFERRED_IO_SIZE,
+        blksize: BLOCK_SIZE as u32,
         flags: 0,
     }
 }

@@ -31,7 +31,6 @@ mod mount;
 mod pipes;
 mod route;
 
-pub use attr::PREFERRED_IO_SIZE;
 pub use fs::{FsConfig, ReadGate, TablixFs};
 pub use holders::PipeHolders;
 pub use mount::{MountError, MountOptions, Mounted, mount};

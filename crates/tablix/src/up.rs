@@ -508,7 +508,7 @@ fn mount(
         fs: tablix_fuse::FsConfig {
             writeback_cache: durability == Durability::Async,
             ttl: Duration::from_secs(10),
-            max_write: tablix_fuse::PREFERRED_IO_SIZE,
+            max_write: 1 << 20,
             data_dir: data.to_path_buf(),
             read_gate,
             node: cluster.map(|c| c.id()),

@@ -133,21 +133,6 @@ fn unsafe_borrow(fd: i32) -> std::os::fd::BorrowedFd<'static> {
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
-fn files_ask_for_writes_of_a_mebibyte() {
-    with_mount("files_ask_for_writes_of_a_mebibyte", |f| {
-        let p = f.path("blk");
-        fs::write(&p, b"x").unwrap();
-        // What cp and cat size their buffers by: each write is a Command.
-        assert_eq!(
-            fs::metadata(&p).unwrap().blksize(),
-            u64::from(tablix_fuse::PREFERRED_IO_SIZE)
-        );
-        assert_eq!(tablix_fuse::PREFERRED_IO_SIZE, 1 << 20);
-    });
-}
-
-#[test]
-#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn truncate_and_file_size_limits() {
     with_mount("truncate_and_file_size_limits", |f| {
         let p = f.path("t");
