@@ -25,13 +25,16 @@ use crate::kernel_refs::KernelRefs;
 use crate::locks::{LockRequest, Locks};
 use crate::pipes::{CONTROL_INO, Pipes};
 use crate::route::{self, Entry, Node};
+use crate::writeback::Writeback;
 
 /// How the mount behaves.
 #[derive(Clone, Debug)]
 pub struct FsConfig {
-    /// Let the kernel cache writes and send them in large batches. Only for
-    /// async mode: in sync mode a write must be durable when it returns.
-    pub writeback_cache: bool,
+    /// Let the kernel cache writes and send them in large batches, and ask
+    /// it to write back what it holds every half of this (async mode's
+    /// flush interval, see `writeback.rs`). Only for async mode: in sync
+    /// mode a write must be durable when it returns.
+    pub writeback_cache: Option<Duration>,
     /// How long the kernel may trust attributes and names it was given.
     /// Every change goes through this mount, so the kernel's caches stay
     /// coherent; the bound matters only for changes made elsewhere.
@@ -69,6 +72,9 @@ pub struct TablixFs {
     refs: Option<Arc<KernelRefs>>,
     /// On a cluster node, the locks that hold across nodes.
     locks: Option<Arc<Locks>>,
+    /// With the writeback cache: the files open for writing and the writes
+    /// received, for the thread that bounds what the kernel holds.
+    writeback: Option<Arc<Writeback>>,
     /// Whether a refused SQLite WAL index was logged (once a mount).
     shm_refusal_logged: AtomicBool,
     /// Files opened so far on a cluster node (their handles' numbers).
@@ -118,11 +124,19 @@ impl TablixFs {
             in_flight,
             refs,
             locks,
+            writeback: None,
             shm_refusal_logged: AtomicBool::new(false),
             opened: AtomicU64::new(0),
             failure_logged: AtomicU64::new(0),
             began: std::time::Instant::now(),
         }
+    }
+
+    /// Counts opens for writing and writes for async mode's writeback
+    /// thread (`writeback.rs`).
+    pub(crate) fn with_writeback(mut self, writeback: Option<Arc<Writeback>>) -> TablixFs {
+        self.writeback = writeback;
+        self
     }
 
     /// How a file (not a pipe) is opened: its cached pages are kept, and
@@ -150,6 +164,9 @@ impl TablixFs {
     ///   it does, and direct I/O leaves no copy of them in the page cache
     ///   at the offset the kernel guessed.
     fn opening(&self, shm: bool, flags: i32) -> (FileHandle, FopenFlags) {
+        if let Some(wb) = &self.writeback {
+            wb.opened(flags);
+        }
         let cached = self.file_open_flags();
         if self.locks.is_none() {
             return (FileHandle(0), cached);
@@ -400,7 +417,7 @@ impl TablixFs {
             return Ok(());
         }
         let reclaim = FsOp::Reclaim { inodes: unlinked };
-        if self.config.writeback_cache {
+        if self.config.writeback_cache.is_some() {
             // Async mode: cheap on this thread.
             self.change(reclaim).map(|_| ())
         } else {
@@ -487,7 +504,7 @@ impl Filesystem for TablixFs {
             // bits on writes (FUSE_WRITE_KILL_SUIDGID) and stops asking
             // for security.capability before every write.
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
-        if self.config.writeback_cache {
+        if self.config.writeback_cache.is_some() {
             wanted |= InitFlags::FUSE_WRITEBACK_CACHE;
         }
         if self.locks.is_some() {
@@ -767,11 +784,14 @@ impl Filesystem for TablixFs {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if let (Node::Stored(_), Some(wb)) = (route::node(ino.0), &self.writeback) {
+            wb.released(flags.0);
+        }
         let r = match (route::node(ino.0), &self.locks, lock_owner) {
             (Node::Virtual(_), _, _) => {
                 self.pipes.release(fh.0);
@@ -905,6 +925,9 @@ impl Filesystem for TablixFs {
             }
             Node::Stored(ino) => ino,
         };
+        if let Some(wb) = &self.writeback {
+            wb.wrote();
+        }
         let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         // On a cluster node another node may have appended since this
         // kernel last learned the file's size: an append goes where the

@@ -30,6 +30,7 @@ mod locks;
 mod mount;
 mod pipes;
 mod route;
+mod writeback;
 
 pub use fs::{FsConfig, ReadGate, TablixFs};
 pub use holders::PipeHolders;

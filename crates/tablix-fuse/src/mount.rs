@@ -13,6 +13,7 @@ use crate::holders::PipeHolders;
 use crate::invalidate::InFlight;
 use crate::kernel_refs::KernelRefs;
 use crate::locks::Locks;
+use crate::writeback::Writeback;
 
 /// Invalidation notices waiting for the kernel, at most.
 const INVALIDATIONS_QUEUED: usize = 8192;
@@ -68,6 +69,9 @@ pub struct Mounted {
     /// A cluster node's: stopped with the mount.
     refs: Option<Arc<KernelRefs>>,
     locks: Option<Arc<Locks>>,
+    /// Async mode's: stopped (and joined) before unmounting, so that it
+    /// holds no descriptor of the mount then.
+    writeback: Option<(Arc<Writeback>, std::thread::JoinHandle<()>)>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -256,6 +260,8 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     let replicated = store.config().log_keeper == LogKeeper::Replication;
     let in_flight = Arc::new(InFlight::new(replicated));
     let holders = PipeHolders::new(Arc::clone(&store));
+    let writeback_interval = options.fs.writeback_cache;
+    let writeback = writeback_interval.map(|_| Writeback::new());
     let fs = TablixFs::new(
         Arc::clone(&store),
         options.fs,
@@ -264,7 +270,8 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         Arc::clone(&holders),
         refs.clone(),
         locks.clone(),
-    );
+    )
+    .with_writeback(writeback.clone());
     let session =
         fuser::spawn_mount(fs, &mountpoint, &config).map_err(|cause| MountError::Fuse {
             path: mountpoint.clone(),
@@ -320,6 +327,25 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
                 cause,
             })?;
     }
+    let writeback = match (writeback, writeback_interval) {
+        (Some(wb), Some(interval)) => {
+            let (w, root, store, ended) = (
+                Arc::clone(&wb),
+                mountpoint.clone(),
+                Arc::clone(&store),
+                Arc::clone(&ended),
+            );
+            let thread = std::thread::Builder::new()
+                .name("tablix-fuse-writeback".into())
+                .spawn(move || crate::writeback::run(w, root, interval, store, ended))
+                .map_err(|cause| MountError::Fuse {
+                    path: mountpoint.clone(),
+                    cause,
+                })?;
+            Some((wb, thread))
+        }
+        _ => None,
+    };
     Ok(Mounted {
         session: Some(session),
         mountpoint,
@@ -327,6 +353,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
         holders,
         refs,
         locks,
+        writeback,
     })
 }
 
@@ -364,6 +391,12 @@ impl Mounted {
         }
         if let Some(locks) = &self.locks {
             locks.stop();
+        }
+        if let Some((wb, thread)) = self.writeback.take() {
+            wb.stop();
+            if thread.join().is_err() {
+                tracing::error!("the writeback thread panicked");
+            }
         }
         let Some(session) = self.session.take() else {
             return Ok(());

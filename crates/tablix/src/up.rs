@@ -506,7 +506,8 @@ fn mount(
     let options = tablix_fuse::MountOptions {
         mountpoint: mountpoint.to_path_buf(),
         fs: tablix_fuse::FsConfig {
-            writeback_cache: durability == Durability::Async,
+            writeback_cache: (durability == Durability::Async)
+                .then(|| Duration::from_millis(args.flush_interval_ms)),
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data.to_path_buf(),

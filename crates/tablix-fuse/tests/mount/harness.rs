@@ -71,11 +71,12 @@ pub fn mount_at(mode: Durability, tmp: tempfile::TempDir, data: PathBuf) -> Fixt
     let mut config = StoreConfig::new(&data);
     config.durability = mode;
     config.flush_interval = Duration::from_millis(50);
+    let interval = config.flush_interval;
     let store = Arc::new(Store::open(config).expect("store"));
     let options = MountOptions {
         mountpoint: mp.clone(),
         fs: FsConfig {
-            writeback_cache: mode == Durability::Async,
+            writeback_cache: (mode == Durability::Async).then_some(interval),
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data,

@@ -6,3 +6,4 @@ mod model;
 mod pipes;
 mod posix;
 mod unprivileged;
+mod writeback;

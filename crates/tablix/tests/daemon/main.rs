@@ -1100,6 +1100,40 @@ fn kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte() {
 
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file_it_holds_open() {
+    tablix_testkit::require::fuse(
+        "kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file_it_holds_open",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap();
+    let mut daemon = Daemon::start(
+        &data,
+        &["--mode", "async", "--flush-interval-ms", "100", mnt_s],
+    );
+    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    // Written, neither fsync'ed nor closed: the kernel's writeback cache
+    // has it, and would send it to the daemon only after 30 s.
+    let mut held = std::fs::File::create(mnt.join("held")).unwrap();
+    held.write_all(&body).unwrap();
+    // SIGKILL after 1.5 s, fifteen flush intervals.
+    daemon.die(false);
+    drop(held);
+    let daemon = Daemon::start(&data, &["--mode", "async", mnt_s]);
+    let got = std::fs::read(mnt.join("held")).unwrap();
+    assert!(
+        got == body,
+        "a write held open for fifteen flush intervals was lost with the daemon: {} of {} bytes came back",
+        got.len(),
+        body.len()
+    );
+    daemon.stop();
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn fsck_reports_and_repairs_damage() {
     tablix_testkit::require::fuse("fsck_reports_and_repairs_damage");
     let dir = tempfile::tempdir().unwrap();

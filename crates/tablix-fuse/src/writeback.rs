@@ -1,0 +1,176 @@
+//! Async mode's bound on what the kernel holds. With the writeback cache a
+//! `write(2)` ends in the kernel's page cache, and the kernel sends it to
+//! the daemon only when its own writeback runs: 30 s after the page was
+//! dirtied (`vm.dirty_expire_centisecs`), on fsync, or when the file is
+//! closed for the last time. A program that keeps a file open would have
+//! its acknowledged writes outside the store for that long, and lose them
+//! with the daemon or the machine, far past the flush interval async mode
+//! promises. So while some file of the mount is open for writing, a thread
+//! asks the kernel every half interval to write the mount's dirty pages
+//! back (`syncfs(2)` on the mount's root) and then has the store commit
+//! what came: a write is in the store within half the interval and durable
+//! soon after, within the interval as long as that push and commit take
+//! less than its other half.
+//!
+//! `syncfs` on a FUSE mount sends no request of its own (the kernel sends
+//! FUSE_SYNCFS only to virtiofs): it writes back dirty pages as WRITE
+//! requests, which this mount's threads answer, and waits for them. The
+//! thread holds the root open only for that call, so that an `umount`
+//! meets no descriptor of the daemon's, and it never runs once the session
+//! ended (the mount point is then another file system's directory).
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+use nix::sys::statfs::{FUSE_SUPER_MAGIC, fstatfs};
+use tablix_store::Store;
+
+/// What the mount's handlers tell the writeback thread.
+#[derive(Debug, Default)]
+pub(crate) struct Writeback {
+    /// Files open for writing (opened, not yet released): only they can
+    /// have pages dirtied in the kernel.
+    writers: AtomicU64,
+    /// WRITE requests received (each is applied and awaits the store's
+    /// commit).
+    writes: AtomicU64,
+    stopped: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Writeback {
+    pub(crate) fn new() -> Arc<Writeback> {
+        Arc::new(Writeback::default())
+    }
+
+    /// A file opened (or created) with `flags`.
+    pub(crate) fn opened(&self, flags: i32) {
+        if writable(flags) {
+            self.writers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A file opened with `flags` released: the kernel wrote its dirty
+    /// pages back before releasing it.
+    pub(crate) fn released(&self, flags: i32) {
+        if writable(flags) {
+            // Never below zero: an open whose reply the kernel dropped
+            // may still be released.
+            let _ = self
+                .writers
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    pub(crate) fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stop(&self) {
+        if let Ok(mut s) = self.stopped.lock() {
+            *s = true;
+        }
+        self.wake.notify_all();
+    }
+
+    /// Waits `period`; false once stopped.
+    fn tick(&self, period: Duration) -> bool {
+        let Ok(s) = self.stopped.lock() else {
+            return false;
+        };
+        match self.wake.wait_timeout_while(s, period, |s| !*s) {
+            Ok((s, _)) => !*s,
+            Err(_) => false,
+        }
+    }
+}
+
+fn writable(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
+}
+
+/// Pushes the kernel's dirty pages of the mount at `root` to the store
+/// every half `interval` while files are open for writing, until stopped
+/// or the session `ended`.
+pub(crate) fn run(
+    wb: Arc<Writeback>,
+    root: PathBuf,
+    interval: Duration,
+    store: Arc<Store>,
+    ended: Arc<AtomicBool>,
+) {
+    let period = (interval / 2).max(Duration::from_millis(1));
+    let mut committed = 0;
+    let mut failure_logged = false;
+    while wb.tick(period) && !ended.load(Ordering::Acquire) {
+        if wb.writers.load(Ordering::Relaxed) > 0 {
+            match push(&root) {
+                Ok(()) => failure_logged = false,
+                Err(e) if !failure_logged => {
+                    failure_logged = true;
+                    tracing::warn!(
+                        "asking the kernel to write {}'s cached pages back: {e}; they reach the store when it writes them back on its own",
+                        root.display()
+                    );
+                }
+                Err(_) => {}
+            }
+        }
+        let writes = wb.writes.load(Ordering::Relaxed);
+        if writes != committed {
+            committed = writes;
+            // A failed flush is the store's to report (it marks what was
+            // lost and refuses later changes).
+            let _ = store.flush().wait();
+        }
+    }
+}
+
+fn push(root: &std::path::Path) -> nix::Result<()> {
+    let fd = open(
+        root,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // Unmounted meanwhile: the path is now another file system's.
+    if fstatfs(fd.as_fd())?.filesystem_type() != FUSE_SUPER_MAGIC {
+        return Ok(());
+    }
+    nix::unistd::syncfs(fd.as_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_files_open_for_writing_count_and_never_below_zero() {
+        let wb = Writeback::new();
+        wb.opened(libc::O_RDONLY);
+        assert_eq!(wb.writers.load(Ordering::Relaxed), 0);
+        wb.opened(libc::O_WRONLY | libc::O_CREAT);
+        wb.opened(libc::O_RDWR);
+        assert_eq!(wb.writers.load(Ordering::Relaxed), 2);
+        wb.released(libc::O_RDONLY);
+        assert_eq!(wb.writers.load(Ordering::Relaxed), 2);
+        wb.released(libc::O_RDWR);
+        wb.released(libc::O_WRONLY);
+        wb.released(libc::O_WRONLY);
+        assert_eq!(wb.writers.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_stopped_writeback_wakes_at_once() {
+        let wb = Writeback::new();
+        let w = Arc::clone(&wb);
+        let t = std::thread::spawn(move || w.tick(Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(20));
+        wb.stop();
+        assert!(!t.join().unwrap());
+    }
+}
