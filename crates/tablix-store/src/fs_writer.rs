@@ -55,6 +55,13 @@ pub(crate) fn sql_autocheckpoint_pages(wal_limit: u64) -> i64 {
 /// The writer's page cache, in KiB as `PRAGMA cache_size` takes it (negative).
 const WRITER_CACHE_KIB: i64 = -65536;
 
+/// Prepared statements kept per connection of the file system (its writer
+/// and readers): tablix-fs runs about a hundred distinct statements, the
+/// store a few of its own. At rusqlite's default of 16 a mix of operations
+/// (Postmark's creates, writes, reads and deletes) evicted them in turn and
+/// a sixth of the daemon's time went to parsing them again.
+pub(crate) const FS_STATEMENTS: usize = 256;
+
 /// Field order matters: `conn` closes before its clock VFS is unregistered.
 pub(crate) struct FsWriter {
     conn: Connection,
@@ -81,6 +88,7 @@ impl FsWriter {
             clock.name(),
         )?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.set_prepared_statement_cache_capacity(FS_STATEMENTS);
         schema::quick_check(&conn, &path)?;
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {

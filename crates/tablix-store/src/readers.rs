@@ -135,6 +135,7 @@ pub(crate) fn open_fs_readers(
         };
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.pragma_update(None, "query_only", true)?;
+        conn.set_prepared_statement_cache_capacity(crate::fs_writer::FS_STATEMENTS);
         items.push(conn);
     }
     Ok(Pool::new(items, "file-system reader"))
@@ -145,10 +146,8 @@ pub(crate) fn in_snapshot<R>(
     conn: &Connection,
     f: impl FnOnce(&Connection) -> R,
 ) -> Result<R, StoreError> {
-    conn.execute_batch("BEGIN")
-        .map_err(|e| StoreError::Apply(error_message(&e)))?;
+    crate::group::control(conn, "BEGIN").map_err(|e| StoreError::Apply(error_message(&e)))?;
     let out = f(conn);
-    conn.execute_batch("COMMIT")
-        .map_err(|e| StoreError::Apply(error_message(&e)))?;
+    crate::group::control(conn, "COMMIT").map_err(|e| StoreError::Apply(error_message(&e)))?;
     Ok(out)
 }
