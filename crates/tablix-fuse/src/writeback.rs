@@ -14,20 +14,27 @@
 //!
 //! `syncfs` on a FUSE mount sends no request of its own (the kernel sends
 //! FUSE_SYNCFS only to virtiofs): it writes back dirty pages as WRITE
-//! requests, which this mount's threads answer, and waits for them. The
-//! thread holds the root open only for that call, so that an `umount`
-//! meets no descriptor of the daemon's, and it never runs once the session
-//! ended (the mount point is then another file system's directory).
+//! requests, which this mount's threads answer, and waits for them,
+//! uninterruptibly. A thread of the daemon must never wait so on its own
+//! mount: killed then, the daemon cannot finish dying (that thread waits
+//! for WRITEs its dead threads will never answer, and the mount's device
+//! stays open, so the kernel never ends them), and every program using
+//! the mount hangs with it. So the call runs in a child process, `sync
+//! --file-system`, which holds no descriptor of the device (the daemon
+//! opens every descriptor close-on-exec); the daemon's thread waits for
+//! the child, which a kill ends. A dying daemon closes the device, the
+//! kernel fails the WRITEs, and the child ends too. The child holds the
+//! root open only for that call, so that an `umount` meets no descriptor,
+//! and none runs once the session ended (the mount point is then another
+//! file system's directory).
 
-use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use nix::fcntl::{OFlag, open};
-use nix::sys::stat::Mode;
-use nix::sys::statfs::{FUSE_SUPER_MAGIC, fstatfs};
+use nix::sys::statfs::{FUSE_SUPER_MAGIC, statfs};
 use tablix_store::Store;
 
 /// What the mount's handlers tell the writeback thread.
@@ -131,17 +138,29 @@ pub(crate) fn run(
     }
 }
 
-fn push(root: &std::path::Path) -> nix::Result<()> {
-    let fd = open(
-        root,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    // Unmounted meanwhile: the path is now another file system's.
-    if fstatfs(fd.as_fd())?.filesystem_type() != FUSE_SUPER_MAGIC {
-        return Ok(());
+/// Has the kernel write back the dirty pages of the mount at `root`, from
+/// a child process (see the module's comment).
+fn push(root: &Path) -> Result<(), String> {
+    // A STATFS request: a kill ends its wait.
+    match statfs(root) {
+        Ok(s) if s.filesystem_type() == FUSE_SUPER_MAGIC => {}
+        // Unmounted meanwhile: the path is now another file system's.
+        Ok(_) => return Ok(()),
+        Err(e) => return Err(format!("statfs: {e}")),
     }
-    nix::unistd::syncfs(fd.as_fd())
+    let status = Command::new("sync")
+        .arg("--file-system")
+        .arg(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("running sync --file-system: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("sync --file-system: {status}"))
+    }
 }
 
 #[cfg(test)]

@@ -1132,6 +1132,72 @@ fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file
     daemon.stop();
 }
 
+/// Ends the FUSE connection of the mount at `mnt` (its device number read
+/// beforehand as `dev`), as `/sys/fs/fuse/connections/N/abort` does, so
+/// that a test that found a daemon unable to die leaves no hung mount.
+fn abort_fuse_connection(dev: u64) {
+    let dir = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none()) {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(dir)
+            .status();
+    }
+    let minor = nix::sys::stat::minor(dev);
+    let _ = std::fs::write(dir.join(minor.to_string()).join("abort"), "1");
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn a_daemon_killed_while_the_kernel_writes_back_to_it_dies_and_its_mount_ends() {
+    tablix_testkit::require::fuse(
+        "a_daemon_killed_while_the_kernel_writes_back_to_it_dies_and_its_mount_ends",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let mnt_s = mnt.to_str().unwrap();
+    // Pushes every 10 ms: the kill lands while the kernel writes back.
+    let mut daemon = Daemon::start(
+        &data,
+        &["--mode", "async", "--flush-interval-ms", "20", mnt_s],
+    );
+    let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&mnt).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (mnt.join("growing"), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::create(path).unwrap();
+            let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 % 251) as u8).collect();
+            let mut written = 0u64;
+            // Dirty pages all the time, never synced, until the mount fails.
+            while !stop.load(Ordering::Relaxed) && f.write_all(&chunk).is_ok() {
+                written += 1;
+            }
+            written
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    daemon.signal(Signal::SIGKILL);
+    let died = wait_for_exit(&mut daemon.child, Duration::from_secs(20));
+    if died.is_none() {
+        abort_fuse_connection(dev);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(
+        died.is_some(),
+        "a daemon killed while the kernel wrote its mount back did not die within 20 s (its mount's connection was then aborted)"
+    );
+    assert!(written > 0, "nothing was written before the kill");
+    // The restarted daemon clears the stale mount and serves again.
+    let daemon = Daemon::start(&data, &["--mode", "async", mnt_s]);
+    std::fs::write(mnt.join("after"), b"served").unwrap();
+    assert_eq!(std::fs::read(mnt.join("after")).unwrap(), b"served");
+    daemon.stop();
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn fsck_reports_and_repairs_damage() {
