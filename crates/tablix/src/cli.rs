@@ -781,6 +781,11 @@ pub struct FsBenchArgs {
     /// Workloads to run, comma-separated: bonnie, read, postmark, meta.
     #[arg(long, value_delimiter = ',', default_values_t = vec!["bonnie".to_string(), "read".to_string(), "postmark".to_string(), "meta".to_string()])]
     pub workloads: Vec<String>,
+    /// libfuse's passthrough_hp, built from its source (`meson setup build
+    /// && ninja -C build example/passthrough_hp`): the same workloads on
+    /// its mount of a directory on the same disk, FUSE's own cost.
+    #[arg(long, value_name = "PATH")]
+    pub passthrough_hp: Option<PathBuf>,
 }
 
 /// A page cache to run with.

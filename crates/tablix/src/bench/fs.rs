@@ -1,6 +1,8 @@
 //! `tablix bench fs`: the file system against ext4 on the same disk, in the
 //! same run, with the programs the issue names (Bonnie++, Postmark) and a
-//! metadata workload.
+//! metadata workload; and, when given its binary, libfuse's passthrough_hp
+//! over the same disk: the fastest FUSE file system does the same work
+//! there, so its figures are what FUSE itself costs.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -14,11 +16,13 @@ use crate::bench::daemon::Daemon;
 use crate::bench::transport;
 use crate::cli::FsBenchArgs;
 
-/// Where a workload runs: plain ext4, or a tablix mount served by a daemon.
+/// Where a workload runs: plain ext4, a tablix mount served by a daemon,
+/// or passthrough_hp's mount of a directory on ext4.
 struct Target {
     label: String,
     dir: PathBuf,
     daemon: Option<Daemon>,
+    peer: Option<Peer>,
     /// Bonnie++ runs here: size in MiB, and whether every write is fsync'ed.
     bonnie_runs: Vec<(u64, bool)>,
 }
@@ -31,6 +35,30 @@ impl Target {
             label: "ext4".into(),
             dir,
             daemon: None,
+            peer: None,
+            bonnie_runs,
+        })
+    }
+
+    /// passthrough_hp (`bin`) serving `base/passthrough-src`, a directory
+    /// on the same ext4, at `base/passthrough-mnt`, with its defaults
+    /// (worker threads, splice, and the kernel's passthrough of reads and
+    /// writes where it has it).
+    fn passthrough(
+        base: &Path,
+        bin: &Path,
+        bonnie_runs: Vec<(u64, bool)>,
+    ) -> anyhow::Result<Target> {
+        let src = base.join("passthrough-src");
+        let mnt = base.join("passthrough-mnt");
+        fresh_dir(&src)?;
+        fresh_dir(&mnt)?;
+        let peer = Peer::start(bin, &src, &mnt)?;
+        Ok(Target {
+            label: "passthrough_hp".into(),
+            dir: mnt,
+            daemon: None,
+            peer: Some(peer),
             bonnie_runs,
         })
     }
@@ -43,8 +71,18 @@ impl Target {
             label: format!("tablix {mode}"),
             dir: mnt,
             daemon: Some(daemon),
+            peer: None,
             bonnie_runs: vec![bonnie_run],
         })
+    }
+
+    /// The process serving the mount, for the FUSE round-trip probe.
+    fn server(&self) -> Option<u32> {
+        match (&self.daemon, &self.peer) {
+            (Some(d), _) => Some(d.pid()),
+            (None, Some(p)) => Some(p.child.id()),
+            (None, None) => None,
+        }
     }
 
     fn stop(self) -> anyhow::Result<()> {
@@ -52,8 +90,75 @@ impl Target {
             d.stop()
                 .with_context(|| format!("stopping the {} daemon", self.label))?;
         }
+        if let Some(p) = self.peer {
+            p.stop()?;
+        }
         Ok(())
     }
+}
+
+/// A FUSE file system of libfuse's examples, run in the foreground.
+struct Peer {
+    child: std::process::Child,
+    mount: PathBuf,
+}
+
+impl Peer {
+    fn start(bin: &Path, src: &Path, mnt: &Path) -> anyhow::Result<Peer> {
+        let child = Command::new(bin)
+            .arg("--foreground")
+            .arg(src)
+            .arg(mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut peer = Peer {
+            child,
+            mount: mnt.to_path_buf(),
+        };
+        let began = Instant::now();
+        while !is_fuse(mnt) {
+            if let Some(status) = peer.child.try_wait()? {
+                bail!("{} exited before mounting: {status}", bin.display());
+            }
+            if began.elapsed() > Duration::from_secs(10) {
+                let _ = peer.child.kill();
+                let _ = peer.child.wait();
+                bail!(
+                    "{} did not mount {} within 10 s",
+                    bin.display(),
+                    mnt.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(peer)
+    }
+
+    /// Unmounts, which ends the process; killed if it lingers.
+    fn stop(mut self) -> anyhow::Result<()> {
+        let status = Command::new("umount").arg(&self.mount).status()?;
+        if !status.success() {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+        let began = Instant::now();
+        while self.child.try_wait()?.is_none() {
+            if began.elapsed() > Duration::from_secs(10) {
+                self.child.kill()?;
+                self.child.wait()?;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `dir` is the root of a FUSE mount.
+fn is_fuse(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC)
 }
 
 fn fresh_dir(dir: &Path) -> anyhow::Result<()> {
@@ -284,10 +389,9 @@ fn measure(t: &Target, a: &FsBenchArgs, tar: Option<&Path>) -> anyhow::Result<Re
         eprintln!("  {}: untar/find/du/rm", t.label);
         r.meta = Some(metadata(&t.dir, tar)?);
     }
-    if let Some(d) = &t.daemon {
+    if let Some(pid) = t.server() {
         eprintln!("  {}: FUSE round trip", t.label);
-        r.transport =
-            Some(transport::probe(d.pid(), &d.mount, 5000, 3).map_err(|e| format!("{e:#}")));
+        r.transport = Some(transport::probe(pid, &t.dir, 5000, 3).map_err(|e| format!("{e:#}")));
     }
     Ok(r)
 }
@@ -309,6 +413,14 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
     if a.read_mb == 0 {
         bail!("--read-mb must be positive");
     }
+    if let Some(bin) = &a.passthrough_hp
+        && !bin.is_file()
+    {
+        bail!(
+            "--passthrough-hp {}: no such file; build it in a clone of libfuse with `meson setup build && ninja -C build example/passthrough_hp`",
+            bin.display()
+        );
+    }
     let base = a
         .dir
         .clone()
@@ -329,9 +441,18 @@ pub fn run(a: FsBenchArgs) -> anyhow::Result<ExitCode> {
             runs.push(run);
         }
     }
-    let t = Target::ext4(&base, runs)?;
+    let t = Target::ext4(&base, runs.clone())?;
     all.push(measure(&t, &a, tar.as_deref())?);
     std::fs::remove_dir_all(&t.dir)?;
+    if let Some(bin) = &a.passthrough_hp {
+        eprintln!("measuring passthrough_hp over {}", base.display());
+        let t = Target::passthrough(&base, bin, runs)?;
+        let src = base.join("passthrough-src");
+        let r = measure(&t, &a, tar.as_deref());
+        t.stop()?;
+        all.push(r?);
+        std::fs::remove_dir_all(src)?;
+    }
     for mode in &a.modes {
         eprintln!("measuring tablix {mode}");
         let t = Target::tablix(&base, mode, bonnie_run(&a, mode))?;
@@ -374,7 +495,7 @@ fn report(all: &[Results], a: &FsBenchArgs) {
             })
             .collect();
         println!(
-            "\nBonnie++ 2.00 (-s {} MiB -f{}), KiB/s and seeks/s; ratio = tablix / ext4 (higher is better); inf = bonnie++'s +++++ (too fast to time)",
+            "\nBonnie++ 2.00 (-s {} MiB -f{}), KiB/s and seeks/s; ratio = column / ext4 (higher is better); inf = bonnie++'s +++++ (too fast to time)",
             run.0,
             if run.1 {
                 " -b: fsync after every write"
@@ -403,7 +524,7 @@ fn report(all: &[Results], a: &FsBenchArgs) {
     }
     if let Some(c) = base.cold {
         println!(
-            "\n{} MiB in 1 MiB writes, one fsync, then read after dropping the kernel's caches, MiB/s; ratio = tablix / ext4 (higher is better)",
+            "\n{} MiB in 1 MiB writes, one fsync, then read after dropping the kernel's caches, MiB/s; ratio = column / ext4 (higher is better)",
             a.read_mb
         );
         header("");
@@ -422,7 +543,7 @@ fn report(all: &[Results], a: &FsBenchArgs) {
     }
     if let Some(p) = base.postmark {
         println!(
-            "\nPostmark ({} files, {} transactions, 500 B-10 KB), seconds; ratio = ext4 time / tablix time (throughput, higher is better)",
+            "\nPostmark ({} files, {} transactions, 500 B-10 KB), seconds; ratio = ext4's time / column's (throughput, higher is better)",
             a.postmark_files, a.postmark_transactions
         );
         header("");
@@ -436,7 +557,7 @@ fn report(all: &[Results], a: &FsBenchArgs) {
     }
     if let Some(m) = base.meta {
         println!(
-            "\nMetadata workload ({} files), seconds; ratio = tablix time / ext4 time (lower is better, target <= 2)",
+            "\nMetadata workload ({} files), seconds; ratio = column's time / ext4's (lower is better, target for tablix <= 2)",
             a.tree_files
         );
         header("");
