@@ -83,8 +83,8 @@ impl std::fmt::Debug for Mounted {
 }
 
 /// One line of /proc/self/mountinfo: where, what type, from what.
-struct MountEntry {
-    id: u64,
+pub(crate) struct MountEntry {
+    pub(crate) id: u64,
     point: PathBuf,
     fstype: String,
     source: String,
@@ -126,7 +126,7 @@ fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
         .collect()
 }
 
-fn mounted_at(path: &Path) -> Option<MountEntry> {
+pub(crate) fn mounted_at(path: &Path) -> Option<MountEntry> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     parse_mountinfo(&text)
         .into_iter()
@@ -278,13 +278,19 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
             cause,
         })?;
     // Descriptors are matched to this mount by its id (see holders.rs).
-    match mounted_at(&mountpoint) {
-        Some(m) if m.fstype.starts_with("fuse") => holders.set_mount_id(m.id),
-        _ => tracing::warn!(
-            "{} is not in /proc/self/mountinfo: who holds a pipe end is not followed",
-            mountpoint.display()
-        ),
-    }
+    let mount_id = match mounted_at(&mountpoint) {
+        Some(m) if m.fstype.starts_with("fuse") => {
+            holders.set_mount_id(m.id);
+            Some(m.id)
+        }
+        _ => {
+            tracing::warn!(
+                "{} is not in /proc/self/mountinfo: who holds a pipe end is not followed, nor (async mode) are the kernel's cached writes pushed",
+                mountpoint.display()
+            );
+            None
+        }
+    };
     if replicated {
         // Changes this kernel did not see come from replication.
         let (tx, rx) = std::sync::mpsc::sync_channel(INVALIDATIONS_QUEUED);
@@ -327,8 +333,8 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
                 cause,
             })?;
     }
-    let writeback = match (writeback, writeback_interval) {
-        (Some(wb), Some(interval)) => {
+    let writeback = match (writeback, writeback_interval, mount_id) {
+        (Some(wb), Some(interval), Some(mount_id)) => {
             let (w, root, store, ended) = (
                 Arc::clone(&wb),
                 mountpoint.clone(),
@@ -337,7 +343,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
             );
             let thread = std::thread::Builder::new()
                 .name("tablix-fuse-writeback".into())
-                .spawn(move || crate::writeback::run(w, root, interval, store, ended))
+                .spawn(move || crate::writeback::run(w, (root, mount_id), interval, store, ended))
                 .map_err(|cause| MountError::Fuse {
                     path: mountpoint.clone(),
                     cause,

@@ -23,10 +23,14 @@
 //! --file-system`, which holds no descriptor of the device (the daemon
 //! opens every descriptor close-on-exec); the daemon's thread waits for
 //! the child, which a kill ends. A dying daemon closes the device, the
-//! kernel fails the WRITEs, and the child ends too. The child holds the
-//! root open only for that call, so that an `umount` meets no descriptor,
-//! and none runs once the session ended (the mount point is then another
-//! file system's directory).
+//! kernel fails the WRITEs, and the child ends too. For the same reason
+//! the daemon's thread makes no request of the mount itself: a request
+//! its threads read and did not answer before they were killed is waited
+//! for uninterruptibly too. It finds the mount in /proc/self/mountinfo,
+//! by the id it had when mounted, and runs no child once the mount left
+//! the path (the mount point is then another file system's directory).
+//! The child holds the root open only for that call, so that an `umount`
+//! meets no descriptor.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -34,7 +38,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use nix::sys::statfs::{FUSE_SUPER_MAGIC, statfs};
 use tablix_store::Store;
 
 /// What the mount's handlers tell the writeback thread.
@@ -106,31 +109,34 @@ fn writable(flags: i32) -> bool {
 /// or the session `ended`.
 pub(crate) fn run(
     wb: Arc<Writeback>,
-    root: PathBuf,
+    (root, mount_id): (PathBuf, u64),
     interval: Duration,
     store: Arc<Store>,
     ended: Arc<AtomicBool>,
 ) {
     let period = (interval / 2).max(Duration::from_millis(1));
-    let mut committed = 0;
     let mut failure_logged = false;
     while wb.tick(period) && !ended.load(Ordering::Acquire) {
-        if wb.writers.load(Ordering::Relaxed) > 0 {
-            match push(&root) {
-                Ok(()) => failure_logged = false,
-                Err(e) if !failure_logged => {
-                    failure_logged = true;
-                    tracing::warn!(
-                        "asking the kernel to write {}'s cached pages back: {e}; they reach the store when it writes them back on its own",
-                        root.display()
-                    );
-                }
-                Err(_) => {}
-            }
+        if wb.writers.load(Ordering::Relaxed) == 0 {
+            continue;
         }
-        let writes = wb.writes.load(Ordering::Relaxed);
-        if writes != committed {
-            committed = writes;
+        let before = wb.writes.load(Ordering::Relaxed);
+        match push(&root, mount_id) {
+            Ok(()) => failure_logged = false,
+            Err(e) if !failure_logged => {
+                failure_logged = true;
+                tracing::warn!(
+                    "asking the kernel to write {}'s cached pages back: {e}; they reach the store when it writes them back on its own",
+                    root.display()
+                );
+            }
+            Err(_) => {}
+        }
+        // Writes that came while the kernel wrote back are committed now,
+        // not within the store's own interval; writes that came between
+        // pushes (a program's fsync, a close) have it already counting,
+        // and a commit for each tick would only add syncs.
+        if wb.writes.load(Ordering::Relaxed) != before {
             // A failed flush is the store's to report (it marks what was
             // lost and refuses later changes).
             let _ = store.flush().wait();
@@ -138,15 +144,12 @@ pub(crate) fn run(
     }
 }
 
-/// Has the kernel write back the dirty pages of the mount at `root`, from
-/// a child process (see the module's comment).
-fn push(root: &Path) -> Result<(), String> {
-    // A STATFS request: a kill ends its wait.
-    match statfs(root) {
-        Ok(s) if s.filesystem_type() == FUSE_SUPER_MAGIC => {}
-        // Unmounted meanwhile: the path is now another file system's.
-        Ok(_) => return Ok(()),
-        Err(e) => return Err(format!("statfs: {e}")),
+/// Has the kernel write back the dirty pages of the mount at `root`
+/// (mount id `mount_id`), from a child process (see the module's comment).
+fn push(root: &Path, mount_id: u64) -> Result<(), String> {
+    // Read from /proc, not asked of the mount.
+    if crate::mount::mounted_at(root).is_none_or(|m| m.id != mount_id) {
+        return Ok(());
     }
     let status = Command::new("sync")
         .arg("--file-system")
