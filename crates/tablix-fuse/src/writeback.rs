@@ -69,8 +69,8 @@ impl Writeback {
     /// pages back before releasing it.
     pub(crate) fn released(&self, flags: i32) {
         if writable(flags) {
-            // Never below zero: an open whose reply the kernel dropped
-            // may still be released.
+            // Never below zero, whatever the kernel sends: a release
+            // this count missed the open of must not wrap it.
             let _ = self
                 .writers
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));

@@ -18,6 +18,21 @@ fn committed_size(store: &tablix_store::Store, name: &[u8]) -> Option<u64> {
         .map(|a| a.size)
 }
 
+/// Waits until the store has committed `size` bytes for `name`, failing
+/// after 3 s.
+fn wait_committed(store: &tablix_store::Store, name: &[u8], size: u64) {
+    let began = Instant::now();
+    while committed_size(store, name) != Some(size) {
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "a write to a file held open is not committed after {:?} (committed size {:?}, expected {size})",
+            began.elapsed(),
+            committed_size(store, name)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn async_mode_commits_a_file_held_open_within_the_flush_interval() {
@@ -32,27 +47,10 @@ fn async_mode_commits_a_file_held_open_within_the_flush_interval() {
     // The kernel keeps such a write in its page cache until its own
     // writeback, 30 s later by default; the mount must push it within
     // half the interval and commit it. Three seconds are sixty intervals, a tenth of that.
-    let began = Instant::now();
-    while committed_size(&store, b"held") != Some(10_000) {
-        assert!(
-            began.elapsed() < Duration::from_secs(3),
-            "a write to a file held open is not committed after {:?} (committed size {:?})",
-            began.elapsed(),
-            committed_size(&store, b"held")
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_committed(&store, b"held", 10_000);
     // Later writes to the same open file too, and the file is still open.
     held.write_all(&[8u8; 5_000]).unwrap();
-    let began = Instant::now();
-    while committed_size(&store, b"held") != Some(15_000) {
-        assert!(
-            began.elapsed() < Duration::from_secs(3),
-            "a second write is not committed after {:?}",
-            began.elapsed()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_committed(&store, b"held", 15_000);
     drop(held);
     assert_eq!(
         std::fs::read(f.path("held")).unwrap().len(),

@@ -170,6 +170,19 @@ fn file(store: &Store, name: &str) -> Vec<u8> {
         .unwrap()
 }
 
+/// A runtime on the test's own thread, for storage calls alone.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+}
+
+/// The raft log store over the command log in `dir`.
+fn open_log_store(dir: &std::path::Path) -> LogStore<TypeConfig> {
+    let (log, _) = Log::open(dir, LogConfig::default()).unwrap();
+    LogStore::<TypeConfig>::new(log)
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -387,19 +400,14 @@ fn a_snapshot_that_is_not_a_tablix_database_is_refused_and_changes_nothing() {
 #[test]
 fn entries_and_the_vote_read_back_after_reopening() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
-        let mut store = LogStore::<TypeConfig>::new(log);
+    current_thread().block_on(async {
+        let mut store = open_log_store(dir.path());
         let entries: Vec<_> = (0..50).map(|i| blank(1 + i / 20, i)).collect();
         store.blocking_append(entries.clone()).await.unwrap();
         store.save_vote(&Vote::new(3, 7)).await.unwrap();
         store.purge(id(1, 9)).await.unwrap();
         drop(store);
-        let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
-        let mut store = LogStore::<TypeConfig>::new(log);
+        let mut store = open_log_store(dir.path());
         assert_eq!(store.read_vote().await.unwrap(), Some(Vote::new(3, 7)));
         let state = store.get_log_state().await.unwrap();
         assert_eq!(state.last_log_id, Some(*entries[49].get_log_id()));
@@ -414,12 +422,8 @@ fn entries_and_the_vote_read_back_after_reopening() {
 #[test]
 fn a_replication_request_carries_entries_up_to_a_mebibyte_and_at_least_one() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (log, _) = Log::open(dir.path(), LogConfig::default()).unwrap();
-        let mut store = LogStore::<TypeConfig>::new(log);
+    current_thread().block_on(async {
+        let mut store = open_log_store(dir.path());
         // Entries 0-9 small, 10-14 of 600 KiB each, 15 of 3 MiB.
         let mut entries: Vec<_> = (0..10).map(|i| blank(1, i)).collect();
         for i in 10..15 {

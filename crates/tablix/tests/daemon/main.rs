@@ -1098,21 +1098,35 @@ fn kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte() {
     crash_and_remount("async", Some("flush-synced:12"));
 }
 
+/// A temporary directory (dropped last) with a data directory path and an
+/// empty mount point in it.
+fn scratch_mount() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    (dir, data, mnt)
+}
+
+/// A daemon in async mode with a flush interval of `interval_ms`.
+fn async_daemon(data: &Path, mnt: &Path, interval_ms: u32) -> Daemon {
+    let interval = interval_ms.to_string();
+    let mnt = mnt.to_str().unwrap();
+    Daemon::start(
+        data,
+        &["--mode", "async", "--flush-interval-ms", &interval, mnt],
+    )
+}
+
 #[test]
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file_it_holds_open() {
     tablix_testkit::require::fuse(
         "kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file_it_holds_open",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (_dir, data, mnt) = scratch_mount();
     let mnt_s = mnt.to_str().unwrap();
-    let mut daemon = Daemon::start(
-        &data,
-        &["--mode", "async", "--flush-interval-ms", "100", mnt_s],
-    );
+    let mut daemon = async_daemon(&data, &mnt, 100);
     let body: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
     // Written, neither fsync'ed nor closed: the kernel's writeback cache
     // has it, and would send it to the daemon only after 30 s.
@@ -1153,16 +1167,10 @@ fn a_daemon_killed_while_the_kernel_writes_back_to_it_dies_and_its_mount_ends() 
     tablix_testkit::require::fuse(
         "a_daemon_killed_while_the_kernel_writes_back_to_it_dies_and_its_mount_ends",
     );
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
+    let (_dir, data, mnt) = scratch_mount();
     let mnt_s = mnt.to_str().unwrap();
     // Pushes every 10 ms: the kill lands while the kernel writes back.
-    let mut daemon = Daemon::start(
-        &data,
-        &["--mode", "async", "--flush-interval-ms", "20", mnt_s],
-    );
+    let mut daemon = async_daemon(&data, &mnt, 20);
     let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&mnt).unwrap());
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
