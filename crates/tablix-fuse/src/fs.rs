@@ -35,6 +35,10 @@ pub struct FsConfig {
     /// flush interval, see `writeback.rs`). Only for async mode: in sync
     /// mode a write must be durable when it returns.
     pub writeback_cache: Option<Duration>,
+    /// With the writeback cache: the program kept running for those
+    /// pushes (the tablix binary's `push-writeback`); none: `sync
+    /// --file-system` is run for each.
+    pub push_helper: Option<crate::writeback::PushHelper>,
     /// How long the kernel may trust attributes and names it was given.
     /// Every change goes through this mount, so the kernel's caches stay
     /// coherent; the bound matters only for changes made elsewhere.

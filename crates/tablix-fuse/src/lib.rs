@@ -17,7 +17,7 @@
 //!   which processes hold their ends ([`PipeHolders`]), kept true to /proc
 //!   from each close (FLUSH) and fork.
 //!
-//! Architecture invariant: no handler changes state except by submitting a
+//! Architecture invariant: no handler changes state except by submitting
 //! an `FsOp` Command to the store, and every handler sends exactly one reply.
 
 mod attr;
@@ -36,3 +36,4 @@ pub use fs::{FsConfig, ReadGate, TablixFs};
 pub use holders::PipeHolders;
 pub use mount::{MountError, MountOptions, Mounted, mount};
 pub use pipes::{CAPACITY_XATTR, CONTROL_NAME, PIPES_NAME};
+pub use writeback::{PushHelper, serve_pushes};

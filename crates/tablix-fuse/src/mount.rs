@@ -261,6 +261,7 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     let in_flight = Arc::new(InFlight::new(replicated));
     let holders = PipeHolders::new(Arc::clone(&store));
     let writeback_interval = options.fs.writeback_cache;
+    let push_helper = options.fs.push_helper.clone();
     let writeback = writeback_interval.map(|_| Writeback::new());
     let fs = TablixFs::new(
         Arc::clone(&store),
@@ -335,15 +336,18 @@ pub fn mount(store: Arc<Store>, options: MountOptions) -> Result<Mounted, MountE
     }
     let writeback = match (writeback, writeback_interval, mount_id) {
         (Some(wb), Some(interval), Some(mount_id)) => {
-            let (w, root, store, ended) = (
+            let (w, root, store, ended, helper) = (
                 Arc::clone(&wb),
                 mountpoint.clone(),
                 Arc::clone(&store),
                 Arc::clone(&ended),
+                push_helper,
             );
             let thread = std::thread::Builder::new()
                 .name("tablix-fuse-writeback".into())
-                .spawn(move || crate::writeback::run(w, (root, mount_id), interval, store, ended))
+                .spawn(move || {
+                    crate::writeback::run(w, (root, mount_id), (interval, helper), store, ended)
+                })
                 .map_err(|cause| MountError::Fuse {
                     path: mountpoint.clone(),
                     cause,

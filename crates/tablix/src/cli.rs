@@ -38,7 +38,14 @@ pub enum Command {
     /// while the daemon runs or not, and name the files whose data is
     /// damaged.
     Scrub(ScrubArgs),
+    /// Async mode's writeback pushes, for the daemon that starts it: paths
+    /// on standard input, NUL-ended, an answer line each on standard output.
+    #[command(hide = true, name = PUSH_WRITEBACK)]
+    PushWriteback,
 }
+
+/// The hidden subcommand a daemon in async mode runs as its push helper.
+pub const PUSH_WRITEBACK: &str = "push-writeback";
 
 #[derive(Args, Debug)]
 pub struct ScrubArgs {

@@ -21,6 +21,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 
 fn main() -> ExitCode {
@@ -43,6 +44,11 @@ fn main() -> ExitCode {
         cli::Command::Pipe(args) => pipe::run(args),
         cli::Command::Run(args) => run::run(args),
         cli::Command::Scrub(args) => scrub::run(args),
+        cli::Command::PushWriteback => {
+            tablix_fuse::serve_pushes(std::io::stdin().lock(), std::io::stdout().lock())
+                .map(|()| ExitCode::SUCCESS)
+                .context("serving writeback pushes")
+        }
     };
     report(result)
 }

@@ -1,7 +1,7 @@
 //! `tablix up`: the daemon.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -508,6 +508,12 @@ fn mount(
         fs: tablix_fuse::FsConfig {
             writeback_cache: (durability == Durability::Async)
                 .then(|| Duration::from_millis(args.flush_interval_ms)),
+            // This binary, whatever replaced its file since it started.
+            push_helper: Some(tablix_fuse::PushHelper {
+                program: PathBuf::from("/proc/self/exe"),
+                name: "tablix".into(),
+                args: vec![crate::cli::PUSH_WRITEBACK.into()],
+            }),
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data.to_path_buf(),

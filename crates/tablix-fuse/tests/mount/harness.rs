@@ -77,6 +77,7 @@ pub fn mount_at(mode: Durability, tmp: tempfile::TempDir, data: PathBuf) -> Fixt
         mountpoint: mp.clone(),
         fs: FsConfig {
             writeback_cache: (mode == Durability::Async).then_some(interval),
+            push_helper: None,
             ttl: Duration::from_secs(10),
             max_write: 1 << 20,
             data_dir: data,

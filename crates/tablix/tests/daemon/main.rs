@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tablix_testkit::command::{COMMAND_LIMIT, Limited, output_within, wait_for_exit};
 
@@ -843,8 +843,8 @@ fn ctrl_c_stops_the_statement(args: &str, home: &Path, cancelled: &dyn Fn() -> u
     // for departed clients every 200 ms), long before the statement's
     // 30 s time limit and before the shell exits (which would close any
     // connection it kept).
-    let deadline = std::time::Instant::now() + Duration::from_secs(3);
-    while cancelled() <= before && std::time::Instant::now() < deadline {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while cancelled() <= before && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     let stopped = cancelled() > before;
@@ -1132,18 +1132,69 @@ fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file
     // has it, and would send it to the daemon only after 30 s.
     let mut held = std::fs::File::create(mnt.join("held")).unwrap();
     held.write_all(&body).unwrap();
-    // SIGKILL after 1.5 s, fifteen flush intervals.
+    // One helper serves every push while the file stays open.
+    let daemon_pid = daemon.child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let helpers = push_helpers_of(daemon_pid);
+    assert_eq!(
+        helpers.len(),
+        1,
+        "push helpers after 5 intervals: {helpers:?}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        push_helpers_of(daemon_pid),
+        helpers,
+        "the helper was replaced"
+    );
+    // SIGKILL after 1.5 s more, 25 flush intervals after the write.
     daemon.die(false);
     drop(held);
+    // The helper ends with the daemon, at the end of its requests.
+    let helper = Path::new("/proc").join(helpers[0].to_string());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while helper.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !helper.exists(),
+        "the push helper outlived its killed daemon"
+    );
     let daemon = Daemon::start(&data, &["--mode", "async", mnt_s]);
     let got = std::fs::read(mnt.join("held")).unwrap();
     assert!(
         got == body,
-        "a write held open for fifteen flush intervals was lost with the daemon: {} of {} bytes came back",
+        "a write held open for 25 flush intervals was lost with the daemon: {} of {} bytes came back",
         got.len(),
         body.len()
     );
     daemon.stop();
+}
+
+/// The processes whose parent is `parent` and that run as a push helper
+/// (`tablix push-writeback`).
+fn push_helpers_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let (Ok(stat), Ok(cmdline)) = (
+            std::fs::read_to_string(entry.path().join("stat")),
+            std::fs::read(entry.path().join("cmdline")),
+        ) else {
+            continue;
+        };
+        // The parent is the second field after the command's ")".
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) && cmdline.split(|b| *b == 0).any(|a| a == b"push-writeback") {
+            found.push(pid);
+        }
+    }
+    found
 }
 
 /// Ends the FUSE connection of the mount at `mnt` (its device number read
@@ -1296,10 +1347,10 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
     let status = Command::new("umount").arg(&mnt).status().unwrap();
     assert!(status.success());
     // The daemon notices and exits, removing its record.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while data.join("daemon.json").exists() {
         assert!(
-            std::time::Instant::now() < deadline,
+            Instant::now() < deadline,
             "the daemon did not exit after umount"
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -1380,16 +1431,13 @@ fn wait_rows(
     q: &str,
     ok: impl Fn(&[Vec<serde_json::Value>]) -> bool,
 ) -> Vec<Vec<serde_json::Value>> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = rows(d, q);
         if ok(&r) {
             return r;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out: {q} gave {r:?}"
-        );
+        assert!(Instant::now() < deadline, "timed out: {q} gave {r:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -1924,8 +1972,8 @@ fn a_daemon_started_with_exit_with_parent_stops_when_its_parent_exits() {
         said.contains("tablix ready"),
         "the daemon did not start: {said}"
     );
-    let until = std::time::Instant::now() + Duration::from_secs(30);
-    while !exited(pid) && std::time::Instant::now() < until {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !exited(pid) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(50));
     }
     let gone = exited(pid);
