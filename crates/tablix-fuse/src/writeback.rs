@@ -37,9 +37,9 @@
 //! process started every half interval for as long as a file stays open,
 //! which an idle daemon holding one log file open paid about 3% of a core
 //! for and the process table saw as ten new processes a second. Without a
-//! helper (a program that links the mount) each push runs `sync
-//! --file-system`. Either holds the root open only for that call, so
-//! that an `umount` meets no descriptor.
+//! helper (a program that links the mount), or while one cannot start,
+//! each push runs `sync --file-system`. Either holds the root open only
+//! for that call, so that an `umount` meets no descriptor.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{BufRead, BufReader, Write};
@@ -173,6 +173,7 @@ pub struct PushHelper {
 struct Pusher {
     helper: Option<PushHelper>,
     running: Option<Running>,
+    start_failure_logged: bool,
 }
 
 struct Running {
@@ -186,6 +187,7 @@ impl Pusher {
         Pusher {
             helper,
             running: None,
+            start_failure_logged: false,
         }
     }
 
@@ -206,7 +208,17 @@ impl Pusher {
         };
         let running = match &mut self.running {
             Some(running) => running,
-            None => self.running.insert(start(helper)?),
+            None => match start(helper) {
+                Ok(started) => self.running.insert(started),
+                // Pushed all the same, the slower way, until a helper starts.
+                Err(e) => {
+                    if !self.start_failure_logged {
+                        self.start_failure_logged = true;
+                        tracing::warn!("{e}; each push runs sync --file-system instead");
+                    }
+                    return sync_once(root);
+                }
+            },
         };
         match running.ask(root) {
             Ok(answer) => answer,
@@ -423,6 +435,16 @@ mod tests {
             !Path::new(&format!("/proc/{second}")).exists(),
             "the helper ended with its pusher"
         );
+
+        // A helper that cannot start leaves each push to `sync`.
+        let mut pusher = Pusher::new(Some(PushHelper {
+            program: dir.path().join("no-such-helper"),
+            name: OsString::from("push-helper-test"),
+            args: Vec::new(),
+        }));
+        assert_eq!(pusher.push_at(root), Ok(()));
+        assert_eq!(helper_pid(&pusher), None);
+        assert!(pusher.start_failure_logged);
     }
 
     #[test]
