@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn a_mount_keeps_one_helper_for_its_pushes_and_ends_it_when_dropped() {
         // A shell standing in for the helper: it answers every request and
-        // counts them on its standard error's file.
+        // writes each down in a file.
         let dir = tempfile::tempdir().expect("temp dir");
         let count = dir.path().join("count");
         let script = format!(
