@@ -118,6 +118,9 @@ impl History {
             .iter()
             .filter(|e| matches!(e, Event::Return(..)))
             .count();
+        // Written out for a history that fails, to be read by whoever
+        // finds out why.
+        let listing = listing(&events);
         let started = std::time::Instant::now();
         let (verdict, checked) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -138,13 +141,13 @@ impl History {
         });
         match checked.recv_timeout(limit) {
             Err(_) => Err(format!(
-                "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x})"
+                "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x}); the history:\n{listing}"
             )),
             Ok(Err(e)) => Err(format!(
-                "the recorded history is malformed: {e} (seed {seed:#x})"
+                "the recorded history is malformed: {e} (seed {seed:#x}); the history:\n{listing}"
             )),
             Ok(Ok(false)) => Err(format!(
-                "the register's history is not linearizable (seed {seed:#x})"
+                "the register's history is not linearizable (seed {seed:#x}); the history:\n{listing}"
             )),
             Ok(Ok(true)) if returned <= at_least => Err(format!(
                 "too few operations completed: {returned} (seed {seed:#x})"
@@ -156,6 +159,25 @@ impl History {
             }),
         }
     }
+}
+
+/// One line per event, in the order recorded: the thread (client in the
+/// high half, its restarts after operations of unknown outcome in the
+/// low), then the operation invoked or what it returned.
+fn listing(events: &[Event]) -> String {
+    let mut out = String::new();
+    for (i, e) in events.iter().enumerate() {
+        let line = match e {
+            Event::Invoke(t, op) => format!("{i:5} {}.{} invoke {op:?}", t >> 32, t & 0xFFFF_FFFF),
+            Event::Return(t, ret) => {
+                format!("{i:5} {}.{} return {ret:?}", t >> 32, t & 0xFFFF_FFFF)
+            }
+            Event::Dropped => format!("{i:5} (a read that failed)"),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
 }
 
 /// The seed a randomized test runs with: `TABLIX_JEPSEN_SEED` (decimal,
@@ -221,6 +243,9 @@ mod tests {
         h.returned(2, Ret::ReadOk(0));
         let e = h.check(Duration::from_secs(10), 1, 0).unwrap_err();
         assert!(e.contains("not linearizable"), "{e}");
+        // The history comes with it, to find out why.
+        assert!(e.contains("    0 0.1 invoke Write(5)\n"), "{e}");
+        assert!(e.contains("    3 0.2 return ReadOk(0)\n"), "{e}");
     }
 
     #[test]
