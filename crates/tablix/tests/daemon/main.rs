@@ -1134,12 +1134,10 @@ fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file
     held.write_all(&body).unwrap();
     // One helper serves every push while the file stays open.
     let daemon_pid = daemon.child.id();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut helpers = push_helpers_of(daemon_pid);
-    while helpers.is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        helpers = push_helpers_of(daemon_pid);
-    }
+    cluster::eventually("the daemon's push helper", || {
+        !push_helpers_of(daemon_pid).is_empty()
+    });
+    let helpers = push_helpers_of(daemon_pid);
     assert_eq!(helpers.len(), 1, "push helpers: {helpers:?}");
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
@@ -1159,11 +1157,9 @@ fn kill_9_in_async_mode_keeps_what_a_program_wrote_a_few_intervals_ago_to_a_file
                 .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while running() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!running(), "the push helper outlived its killed daemon");
+    cluster::eventually("the push helper to end with its killed daemon", || {
+        !running()
+    });
     let daemon = Daemon::start(&data, &["--mode", "async", mnt_s]);
     let got = std::fs::read(mnt.join("held")).unwrap();
     assert!(
