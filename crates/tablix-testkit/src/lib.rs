@@ -8,12 +8,15 @@
 //!   temporary directory;
 //! * [`TinyDisk`]: a small tmpfs, for full-disk tests (root);
 //! * [`register`]: a compare-and-set register's history and its
-//!   linearizability check, for Jepsen-style tests;
+//!   linearizability check (a memoized search whose order is replayed,
+//!   and `consistency_model`'s checker for a history it finds no order
+//!   for), for Jepsen-style tests;
 //! * [`command`]: commands run within a time limit, so that a hang fails
 //!   its test with where it waits.
 
 mod api_server;
 pub mod command;
+mod linearization;
 pub mod register;
 pub mod require;
 mod tiny_disk;

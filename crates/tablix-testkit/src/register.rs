@@ -1,6 +1,15 @@
 //! A compare-and-set register's history, recorded as clients run it
-//! against a cluster, and its check with a linearizability checker
-//! (`consistency_model`'s, extracted from stateright).
+//! against a cluster, and its linearizability check.
+//!
+//! The check first searches for a linearization with a memoized search
+//! (`linearization.rs`) and replays the order found against the register
+//! and the real-time order: a history passes only with an order that
+//! holds. A history for which the search finds none goes to an existing
+//! checker, `consistency_model`'s (extracted from stateright), whose
+//! verdict is the one reported. That checker alone, without memory of the
+//! states it tried, ran past its limit on linearizable histories in which
+//! one client's operation hung through a paused leader while the others
+//! went on; the search settles those in milliseconds.
 //!
 //! An operation whose outcome the client cannot know (its request failed
 //! in a way that may have left it applied) stays invoked and never
@@ -14,8 +23,14 @@ use std::time::Duration;
 
 use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
+use crate::linearization::{self, Operation, Outcome};
+
+/// States the memoized search may keep before it leaves the history to
+/// `consistency_model` (each a bit per operation and a register value).
+const SEARCH_STATES: usize = 4_000_000;
+
 /// A register with compare-and-set: the reference a history must match.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CasRegister(pub i64);
 
 #[derive(Clone, Debug)]
@@ -78,6 +93,8 @@ pub struct Checked {
     pub invoked: usize,
     pub returned: usize,
     pub took: Duration,
+    /// Which check settled it.
+    pub by: &'static str,
 }
 
 impl History {
@@ -102,12 +119,12 @@ impl History {
         self.events()[at.0] = Event::Dropped;
     }
 
-    /// Checks the history, searching for at most `limit` (on a history
-    /// that is not linearizable the search can take long, so it runs on a
-    /// thread of its own). `Err` says why the history is not linearizable,
-    /// could not be checked, or holds no more than `at_least` operations
-    /// with a known outcome (too few to mean anything); `seed` goes into
-    /// the message.
+    /// Checks the history, taking at most about `limit` (on a history
+    /// that is not linearizable the checker's search can take long, so it
+    /// runs on a thread of its own). `Err` says why the history is not
+    /// linearizable, could not be checked, or holds no more than
+    /// `at_least` operations with a known outcome (too few to mean
+    /// anything); `seed` and the whole history go into the message.
     pub fn check(&self, limit: Duration, seed: u64, at_least: usize) -> Result<Checked, String> {
         let events = std::mem::take(&mut *self.events());
         let invoked = events
@@ -122,43 +139,111 @@ impl History {
         // finds out why.
         let listing = listing(&events);
         let started = std::time::Instant::now();
-        let (verdict, checked) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tester = LinearizabilityTester::new(CasRegister::default());
-            let mut valid = Ok(());
-            for e in events {
-                let step = match e {
-                    Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
-                    Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
-                    Event::Dropped => Ok(()),
+        let fail = |why: String| Err(format!("{why} (seed {seed:#x}); the history:\n{listing}"));
+        let ops = match operations(&events) {
+            Ok(ops) => ops,
+            Err(e) => return fail(format!("the recorded history is malformed: {e}")),
+        };
+        let searched = linearization::search(&CasRegister::default(), &ops, SEARCH_STATES);
+        let by = match searched {
+            Outcome::Found(order) => {
+                if let Err(e) = linearization::verify(&CasRegister::default(), &ops, &order) {
+                    return fail(format!(
+                        "the memoized search's order does not hold ({e}): the search is wrong"
+                    ));
+                }
+                "a memoized search, its order replayed"
+            }
+            Outcome::None | Outcome::GaveUp { .. } => {
+                let (verdict, checked) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let mut tester = LinearizabilityTester::new(CasRegister::default());
+                    let mut valid = Ok(());
+                    for e in events {
+                        let step = match e {
+                            Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
+                            Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
+                            Event::Dropped => Ok(()),
+                        };
+                        if let Err(e) = step {
+                            valid = Err(e.to_string());
+                            break;
+                        }
+                    }
+                    let _ = verdict.send(valid.map(|()| tester.is_consistent()));
+                });
+                let exhausted = matches!(searched, Outcome::None);
+                let searched = match searched {
+                    Outcome::GaveUp { states } => format!("gave up after {states} states"),
+                    _ => "tried every order".to_string(),
                 };
-                if let Err(e) = step {
-                    valid = Err(e.to_string());
-                    break;
+                match checked.recv_timeout(limit.saturating_sub(started.elapsed())) {
+                    Err(_) => {
+                        return fail(format!(
+                            "no linearizable order of the register's history was found: the memoized search {searched}, and consistency_model's found none within {limit:?}"
+                        ));
+                    }
+                    Ok(Err(e)) => {
+                        return fail(format!("the recorded history is malformed: {e}"));
+                    }
+                    Ok(Ok(false)) => {
+                        return fail(format!(
+                            "the register's history is not linearizable (the memoized search {searched})"
+                        ));
+                    }
+                    Ok(Ok(true)) if exhausted => {
+                        return fail(
+                            "consistency_model linearizes the history but the memoized search tried every order and found none: the search is wrong".to_string(),
+                        );
+                    }
+                    Ok(Ok(true)) => "consistency_model's checker",
                 }
             }
-            let _ = verdict.send(valid.map(|()| tester.is_consistent()));
-        });
-        match checked.recv_timeout(limit) {
-            Err(_) => Err(format!(
-                "no linearizable order of the register's history was found within {limit:?} (seed {seed:#x}); the history:\n{listing}"
-            )),
-            Ok(Err(e)) => Err(format!(
-                "the recorded history is malformed: {e} (seed {seed:#x}); the history:\n{listing}"
-            )),
-            Ok(Ok(false)) => Err(format!(
-                "the register's history is not linearizable (seed {seed:#x}); the history:\n{listing}"
-            )),
-            Ok(Ok(true)) if returned <= at_least => Err(format!(
+        };
+        if returned <= at_least {
+            return Err(format!(
                 "too few operations completed: {returned} (seed {seed:#x})"
-            )),
-            Ok(Ok(true)) => Ok(Checked {
-                invoked,
-                returned,
-                took: started.elapsed(),
-            }),
+            ));
+        }
+        Ok(Checked {
+            invoked,
+            returned,
+            took: started.elapsed(),
+            by,
+        })
+    }
+}
+
+/// The history's operations, each with the positions of its invocation
+/// and its return (none: in flight for ever). A thread invokes one
+/// operation at a time and returns only what it invoked.
+fn operations(events: &[Event]) -> Result<Vec<Operation<Op, Ret>>, String> {
+    let mut ops: Vec<Operation<Op, Ret>> = Vec::new();
+    let mut open: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    for (at, e) in events.iter().enumerate() {
+        match e {
+            Event::Invoke(t, op) => {
+                if open.insert(*t, ops.len()).is_some() {
+                    return Err(format!(
+                        "thread {t:#x} invoked {op:?} at {at} with an operation in flight"
+                    ));
+                }
+                ops.push(Operation {
+                    invoked: at,
+                    returned: None,
+                    op: op.clone(),
+                });
+            }
+            Event::Return(t, ret) => {
+                let i = open.remove(t).ok_or_else(|| {
+                    format!("thread {t:#x} returned {ret:?} at {at} with nothing in flight")
+                })?;
+                ops[i].returned = Some((at, ret.clone()));
+            }
+            Event::Dropped => {}
         }
     }
+    Ok(ops)
 }
 
 /// One line per event, in the order recorded: the thread (client in the
@@ -262,6 +347,26 @@ mod tests {
         h.returned(5, Ret::CasOk);
         let c = h.check(Duration::from_secs(10), 1, 0).unwrap();
         assert_eq!((c.invoked, c.returned), (4, 3));
+        assert_eq!(c.by, "a memoized search, its order replayed");
+    }
+
+    #[test]
+    fn a_thread_invoking_twice_at_once_or_returning_nothing_is_a_malformed_history() {
+        let h = History::default();
+        h.invoke(1, Op::Read);
+        h.invoke(1, Op::Write(3));
+        let e = h.check(Duration::from_secs(10), 1, 0).unwrap_err();
+        assert!(
+            e.contains("malformed: thread 0x1 invoked Write(3) at 1 with an operation in flight"),
+            "{e}"
+        );
+        let h = History::default();
+        h.returned(2, Ret::WriteOk);
+        let e = h.check(Duration::from_secs(10), 1, 0).unwrap_err();
+        assert!(
+            e.contains("malformed: thread 0x2 returned WriteOk at 0"),
+            "{e}"
+        );
     }
 
     #[test]

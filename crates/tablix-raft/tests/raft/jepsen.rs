@@ -296,8 +296,8 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
             .check(limit, seed, 20)
             .unwrap_or_else(|e| panic!("{e}"));
         eprintln!(
-            "jepsen: {} register operations, {} with a known outcome, checked in {:?}",
-            checked.invoked, checked.returned, checked.took
+            "jepsen: {} register operations, {} with a known outcome, checked in {:?} by {}",
+            checked.invoked, checked.returned, checked.took, checked.by
         );
 
         let totals = std::mem::take(&mut *totals.lock().unwrap());

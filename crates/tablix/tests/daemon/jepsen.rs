@@ -391,8 +391,8 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_while_daemons_are_ki
         .check(Duration::from_secs(60.max(5 * seconds)), seed, 20)
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
-        "jepsen (daemons): {} register operations, {} with a known outcome ({unknown} writes unknown), checked in {:?}",
-        checked.invoked, checked.returned, checked.took
+        "jepsen (daemons): {} register operations, {} with a known outcome ({unknown} writes unknown), checked in {:?} by {}",
+        checked.invoked, checked.returned, checked.took, checked.by
     );
     assert!(totals.len() > 10, "too few totals read: {}", totals.len());
     assert!(
