@@ -25,9 +25,16 @@ use consistency_model::{ConsistencyTester, LinearizabilityTester, SequentialSpec
 
 use crate::linearization::{self, Operation, Outcome};
 
-/// States the memoized search may keep before it leaves the history to
-/// `consistency_model` (each a bit per operation and a register value).
-const SEARCH_STATES: usize = 4_000_000;
+/// Bytes the memoized search's states may take, about, before it leaves
+/// the history to `consistency_model`: each state is a bit per operation
+/// and a register value, kept in a hash set.
+const SEARCH_BYTES: usize = 1 << 30;
+
+/// States the search may keep for a history of `ops` operations.
+fn search_states(ops: usize) -> usize {
+    const PER_STATE: usize = 64;
+    SEARCH_BYTES / (ops.div_ceil(64) * 8 + PER_STATE)
+}
 
 /// A register with compare-and-set: the reference a history must match.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -144,7 +151,8 @@ impl History {
             Ok(ops) => ops,
             Err(e) => return fail(format!("the recorded history is malformed: {e}")),
         };
-        let searched = linearization::search(&CasRegister::default(), &ops, SEARCH_STATES);
+        let searched =
+            linearization::search(&CasRegister::default(), &ops, search_states(ops.len()));
         let by = match searched {
             Outcome::Found(order) => {
                 if let Err(e) = linearization::verify(&CasRegister::default(), &ops, &order) {
