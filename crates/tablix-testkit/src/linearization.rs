@@ -182,7 +182,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::register::{CasRegister, Op, Ret, Rng};
+    use crate::register::{CasRegister, Op, Ret};
 
     fn op(invoked: usize, returned: Option<(usize, Ret)>, op: Op) -> Operation<Op, Ret> {
         Operation {
@@ -278,77 +278,8 @@ mod tests {
         assert!(e.contains("returned before 1 was invoked"), "{e}");
     }
 
-    /// A history generated the way the Jepsen tests see one: four
-    /// clients for ten seconds, each operation taking effect at a random
-    /// point of its span; through pauses of 0.5-2 s (a paused leader) the
-    /// operations of the clients of one node hang while the others go
-    /// on; some writes have an unknown outcome (applied or not).
-    /// Linearizable by construction.
     fn generated(seed: u64) -> Vec<Operation<Op, Ret>> {
-        let mut rng = Rng(seed);
-        let mut pauses = Vec::new();
-        let mut t = 500;
-        while t < 10_000 {
-            let long = 500 + rng.below(1_500);
-            pauses.push((t, t + long));
-            t += long + 700 + rng.below(1_000);
-        }
-        // (invoked, returns, takes effect, op, unknown, applied)
-        let mut spans = Vec::new();
-        for c in 0..4u64 {
-            let (mut t, mut value) = (rng.below(50), (c as i64 + 1) * 1_000_000);
-            while t < 10_000 {
-                let op = match rng.below(3) {
-                    0 => Op::Read,
-                    1 => {
-                        value += 1;
-                        Op::Write(value)
-                    }
-                    _ => Op::Cas(rng.below(2) as i64 * value, value + 1_000_000_000),
-                };
-                let mut took = 2 + rng.below(8);
-                for &(from, to) in &pauses {
-                    if (from..to).contains(&t) && (c + from) % 3 == 0 {
-                        took = to - t + rng.below(20);
-                    }
-                }
-                let unknown = !matches!(op, Op::Read) && rng.below(120) == 0;
-                let applied = !unknown || rng.below(2) == 0;
-                // Strictly inside its span: it takes effect before it
-                // returns.
-                spans.push((t, t + took, t + rng.below(took), op, unknown, applied));
-                t += took + 20 + rng.below(60);
-            }
-        }
-        let mut by_effect: Vec<usize> = (0..spans.len()).collect();
-        by_effect.sort_by_key(|&i| spans[i].2);
-        let mut register = CasRegister::default();
-        let mut answers = vec![None; spans.len()];
-        for i in by_effect {
-            if spans[i].5 {
-                answers[i] = Some(register.invoke(&spans[i].3));
-            }
-        }
-        // Event positions: invocations and returns in time order, a
-        // return before an invocation at the same instant.
-        let mut events: Vec<(u64, u8, usize)> = Vec::new();
-        for (i, s) in spans.iter().enumerate() {
-            events.push((s.0, 1, i));
-            if !s.4 {
-                events.push((s.1, 0, i));
-            }
-        }
-        events.sort();
-        let mut ops: Vec<Operation<Op, Ret>> =
-            spans.iter().map(|s| op(0, None, s.3.clone())).collect();
-        for (at, &(_, kind, i)) in events.iter().enumerate() {
-            if kind == 1 {
-                ops[i].invoked = at;
-            } else {
-                ops[i].returned = Some((at, answers[i].clone().unwrap()));
-            }
-        }
-        ops
+        crate::register::simulated(seed).operations().unwrap()
     }
 
     #[test]

@@ -165,20 +165,7 @@ impl History {
             Outcome::None | Outcome::GaveUp { .. } => {
                 let (verdict, checked) = std::sync::mpsc::channel();
                 std::thread::spawn(move || {
-                    let mut tester = LinearizabilityTester::new(CasRegister::default());
-                    let mut valid = Ok(());
-                    for e in events {
-                        let step = match e {
-                            Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
-                            Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
-                            Event::Dropped => Ok(()),
-                        };
-                        if let Err(e) = step {
-                            valid = Err(e.to_string());
-                            break;
-                        }
-                    }
-                    let _ = verdict.send(valid.map(|()| tester.is_consistent()));
+                    let _ = verdict.send(consistency_model_verdict(events));
                 });
                 let exhausted = matches!(searched, Outcome::None);
                 let searched = match searched {
@@ -220,6 +207,139 @@ impl History {
             by,
         })
     }
+}
+
+impl History {
+    /// The operations recorded so far, as the search takes them.
+    #[cfg(test)]
+    pub(crate) fn operations(&self) -> Result<Vec<Operation<Op, Ret>>, String> {
+        operations(&self.events())
+    }
+
+    /// `consistency_model`'s verdict alone on the history (taken, as
+    /// [`History::check`] takes it): `None` when it gave none within
+    /// `limit` (its search goes on, on a thread of its own, until it
+    /// ends). For comparing the two checks (`examples/checkers.rs`).
+    pub fn consistency_model_alone(&self, limit: Duration) -> Option<Result<bool, String>> {
+        let events = std::mem::take(&mut *self.events());
+        let (verdict, checked) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = verdict.send(consistency_model_verdict(events));
+        });
+        checked.recv_timeout(limit).ok()
+    }
+}
+
+/// Runs `consistency_model`'s linearizability tester over `events`.
+fn consistency_model_verdict(events: Vec<Event>) -> Result<bool, String> {
+    let mut tester = LinearizabilityTester::new(CasRegister::default());
+    for e in events {
+        let step = match e {
+            Event::Invoke(t, op) => tester.on_invoke(t, op).map(|_| ()),
+            Event::Return(t, ret) => tester.on_return(t, ret).map(|_| ()),
+            Event::Dropped => Ok(()),
+        };
+        step.map_err(|e| e.to_string())?;
+    }
+    Ok(tester.is_consistent())
+}
+
+/// A Jepsen client's next operation, a third of each kind: a read, a
+/// write of the client's next value (`value`, a range of its own, so
+/// every write is told apart), or a compare-and-set from 0 or from its
+/// last value to a value no write gives.
+pub fn next_op(rng: &mut Rng, value: &mut i64) -> Op {
+    match rng.below(3) {
+        0 => Op::Read,
+        1 => {
+            *value += 1;
+            Op::Write(*value)
+        }
+        _ => Op::Cas(rng.below(2) as i64 * *value, *value + 1_000_000_000),
+    }
+}
+
+/// A history recorded the way the Jepsen tests record one, from a
+/// simulation linearizable by construction: four clients for ten
+/// seconds, each operation taking effect at a random point strictly
+/// inside its span; through pauses of 0.5-2 s (a paused leader) the
+/// operations of the clients of one node hang while the others go on;
+/// about one write in 120 has an unknown outcome (applied or not), after
+/// which its client goes on as a new thread.
+pub fn simulated(seed: u64) -> History {
+    let mut rng = Rng(seed);
+    let mut pauses = Vec::new();
+    let mut t = 500;
+    while t < 10_000 {
+        let long = 500 + rng.below(1_500);
+        pauses.push((t, t + long));
+        t += long + 700 + rng.below(1_000);
+    }
+    struct Span {
+        thread: u64,
+        invoked: u64,
+        returns: Option<u64>,
+        effect: u64,
+        op: Op,
+        applied: bool,
+    }
+    let mut spans = Vec::new();
+    for c in 0..4u64 {
+        let (mut t, mut value, mut thread) = (rng.below(50), (c as i64 + 1) * 1_000_000, c << 32);
+        while t < 10_000 {
+            let op = next_op(&mut rng, &mut value);
+            let mut took = 2 + rng.below(8);
+            for &(from, to) in &pauses {
+                if (from..to).contains(&t) && (c + from) % 3 == 0 {
+                    took = to - t + rng.below(20);
+                }
+            }
+            let unknown = !matches!(op, Op::Read) && rng.below(120) == 0;
+            spans.push(Span {
+                thread,
+                invoked: t,
+                returns: (!unknown).then_some(t + took),
+                effect: t + rng.below(took),
+                op,
+                applied: !unknown || rng.below(2) == 0,
+            });
+            if unknown {
+                thread += 1;
+            }
+            t += took + 20 + rng.below(60);
+        }
+    }
+    let mut by_effect: Vec<usize> = (0..spans.len()).collect();
+    by_effect.sort_by_key(|&i| spans[i].effect);
+    let mut register = CasRegister::default();
+    let mut answers = vec![None; spans.len()];
+    for i in by_effect {
+        if spans[i].applied {
+            answers[i] = Some(register.invoke(&spans[i].op));
+        }
+    }
+    // In time order, a return before an invocation at the same instant.
+    let mut events: Vec<(u64, bool, usize)> = Vec::new();
+    for (i, s) in spans.iter().enumerate() {
+        events.push((s.invoked, true, i));
+        if let Some(at) = s.returns {
+            events.push((at, false, i));
+        }
+    }
+    events.sort();
+    let history = History::default();
+    for (_, invoke, i) in events {
+        if invoke {
+            history.invoke(spans[i].thread, spans[i].op.clone());
+        } else {
+            let ret = answers[i].clone();
+            history.returned(
+                spans[i].thread,
+                ret.expect("an operation that returns was applied"),
+            );
+        }
+    }
+    history
 }
 
 /// The history's operations, each with the positions of its invocation

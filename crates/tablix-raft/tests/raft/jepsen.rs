@@ -20,7 +20,7 @@ use tablix_store::{
     CommandReply, Params, Principal, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement,
     StatementResult, Store, Value,
 };
-use tablix_testkit::register::{History, Op, Ret, Rng};
+use tablix_testkit::register::{History, Op, Ret, Rng, next_op};
 
 use super::network::{eventually, form, start_impatient, stop};
 use super::{rows, runtime};
@@ -112,17 +112,7 @@ fn registers_stay_linearizable_and_the_bank_keeps_its_total_under_partitions() {
                 let mut thread = c << 32;
                 let mut next_value = (c as i64 + 1) * 1_000_000;
                 while Instant::now() < deadline {
-                    let op = match rng.below(3) {
-                        0 => Op::Read,
-                        1 => {
-                            next_value += 1;
-                            Op::Write(next_value)
-                        }
-                        _ => Op::Cas(
-                            rng.below(2) as i64 * next_value,
-                            next_value + 1_000_000_000,
-                        ),
-                    };
+                    let op = next_op(&mut rng, &mut next_value);
                     let at = history.invoke(thread, op.clone());
                     let ret = match &op {
                         Op::Read => match node.handle().read_barrier(ReadBarrier::Quorum).await {

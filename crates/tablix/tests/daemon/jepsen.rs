@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use tablix_testkit::register::{History, Op, Ret, Rng};
+use tablix_testkit::register::{History, Op, Ret, Rng, next_op};
 
 use crate::Daemon;
 use crate::cluster::{Node, eventually, leader};
@@ -109,14 +109,7 @@ fn register_client(
             std::thread::sleep(Duration::from_millis(50));
             continue;
         };
-        let op = match rng.below(3) {
-            0 => Op::Read,
-            1 => {
-                next_value += 1;
-                Op::Write(next_value)
-            }
-            _ => Op::Cas(rng.below(2) as i64 * next_value, next_value + 1_000_000_000),
-        };
+        let op = next_op(&mut rng, &mut next_value);
         let at = history.invoke(thread, op.clone());
         let ret = match &op {
             Op::Read => read_integer(
