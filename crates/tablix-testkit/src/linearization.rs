@@ -284,22 +284,44 @@ mod tests {
 
     #[test]
     fn histories_linearizable_by_construction_are_linearized_and_a_changed_answer_is_caught() {
+        let read_value = |o: &Operation<Op, Ret>| match o.returned {
+            Some((_, Ret::ReadOk(v))) => Some(v),
+            _ => None,
+        };
         for seed in 1..=20u64 {
-            let mut ops = generated(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let ops = generated(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             found(&ops);
-            // Make one read that saw a write's value see another value
-            // no write ever gave.
-            let read = ops
+            // One read that saw a write's value sees a value no write
+            // ever gave.
+            let mut never = ops.clone();
+            let read = never
                 .iter()
-                .position(|o| matches!(o.returned, Some((_, Ret::ReadOk(v))) if v != 0))
+                .position(|o| read_value(o).is_some_and(|v| v != 0))
                 .unwrap();
-            if let Some((_, Ret::ReadOk(v))) = &mut ops[read].returned {
-                *v = -1;
-            }
+            never[read].returned =
+                Some((never[read].returned.as_ref().unwrap().0, Ret::ReadOk(-1)));
             assert_eq!(
-                search(&CasRegister::default(), &ops, 1 << 22),
+                search(&CasRegister::default(), &never, 1 << 22),
                 Outcome::None,
-                "seed {seed}"
+                "seed {seed}: a value never written"
+            );
+            // The last read that saw another value sees what the first
+            // read of a written value saw, seconds before: a stale read.
+            let mut stale = ops;
+            let old = stale
+                .iter()
+                .find_map(|o| read_value(o).filter(|v| *v != 0))
+                .unwrap();
+            let late = stale
+                .iter()
+                .rposition(|o| read_value(o).is_some_and(|v| v != old))
+                .unwrap();
+            stale[late].returned =
+                Some((stale[late].returned.as_ref().unwrap().0, Ret::ReadOk(old)));
+            assert_eq!(
+                search(&CasRegister::default(), &stale, 1 << 22),
+                Outcome::None,
+                "seed {seed}: a stale read"
             );
         }
     }
