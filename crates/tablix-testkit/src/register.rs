@@ -163,35 +163,31 @@ impl History {
                 "a memoized search, its order replayed"
             }
             Outcome::None | Outcome::GaveUp { .. } => {
-                let (verdict, checked) = std::sync::mpsc::channel();
-                std::thread::spawn(move || {
-                    let _ = verdict.send(consistency_model_verdict(events));
-                });
                 let exhausted = matches!(searched, Outcome::None);
                 let searched = match searched {
                     Outcome::GaveUp { states } => format!("gave up after {states} states"),
                     _ => "tried every order".to_string(),
                 };
-                match checked.recv_timeout(limit.saturating_sub(started.elapsed())) {
-                    Err(_) => {
+                match consistency_model_within(events, limit.saturating_sub(started.elapsed())) {
+                    None => {
                         return fail(format!(
                             "no linearizable order of the register's history was found: the memoized search {searched}, and consistency_model's found none within {limit:?}"
                         ));
                     }
-                    Ok(Err(e)) => {
+                    Some(Err(e)) => {
                         return fail(format!("the recorded history is malformed: {e}"));
                     }
-                    Ok(Ok(false)) => {
+                    Some(Ok(false)) => {
                         return fail(format!(
                             "the register's history is not linearizable (the memoized search {searched})"
                         ));
                     }
-                    Ok(Ok(true)) if exhausted => {
+                    Some(Ok(true)) if exhausted => {
                         return fail(
                             "consistency_model linearizes the history but the memoized search tried every order and found none: the search is wrong".to_string(),
                         );
                     }
-                    Ok(Ok(true)) => "consistency_model's checker",
+                    Some(Ok(true)) => "consistency_model's checker",
                 }
             }
         };
@@ -221,13 +217,20 @@ impl History {
     /// `limit` (its search goes on, on a thread of its own, until it
     /// ends). For comparing the two checks (`examples/checkers.rs`).
     pub fn consistency_model_alone(&self, limit: Duration) -> Option<Result<bool, String>> {
-        let events = std::mem::take(&mut *self.events());
-        let (verdict, checked) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = verdict.send(consistency_model_verdict(events));
-        });
-        checked.recv_timeout(limit).ok()
+        consistency_model_within(std::mem::take(&mut *self.events()), limit)
     }
+}
+
+/// `consistency_model`'s verdict on `events`, or `None` when it gave
+/// none within `limit`: on a history that is not linearizable its search
+/// can take long, so it runs on a thread of its own (left to end by
+/// itself).
+fn consistency_model_within(events: Vec<Event>, limit: Duration) -> Option<Result<bool, String>> {
+    let (verdict, checked) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = verdict.send(consistency_model_verdict(events));
+    });
+    checked.recv_timeout(limit).ok()
 }
 
 /// Runs `consistency_model`'s linearizability tester over `events`.
