@@ -20,6 +20,7 @@ mod committing;
 mod gather;
 mod log_store;
 mod proposer;
+mod recent_entries;
 mod replies;
 mod service;
 mod single;

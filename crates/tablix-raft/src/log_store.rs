@@ -4,16 +4,18 @@
 //! a format byte; the log's own id of it is `(term, index + 1)`. The vote
 //! is postcard too, in the log's vote file. Calls run the log's blocking
 //! I/O on the caller's task: an append is one write and one fdatasync,
-//! the cost openraft's own storage examples pay the same way.
+//! the cost openraft's own storage examples pay the same way. The newest
+//! entries are also kept decoded (`recent_entries.rs`): openraft reads
+//! each one back to apply it and, on a leader, to send it to every
+//! follower.
 #![allow(
     clippy::result_large_err,
     reason = "openraft's storage traits return its StorageError; the helpers here build it"
 )]
 
 use std::fmt::Debug;
-use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{
@@ -24,6 +26,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tablix_log::Log;
 
+use crate::recent_entries::RecentEntries;
 use crate::{from_log, to_log};
 
 /// Payload bytes past which a replication request takes no further
@@ -42,14 +45,15 @@ const FORMAT: u8 = 2;
 /// reader is a clone).
 pub struct LogStore<C: RaftTypeConfig> {
     log: Arc<Mutex<Log>>,
-    _types: PhantomData<fn() -> C>,
+    /// Changed only while `log`'s lock is held (taken after it).
+    recent: Arc<Mutex<RecentEntries<C::Entry>>>,
 }
 
 impl<C: RaftTypeConfig> Clone for LogStore<C> {
     fn clone(&self) -> Self {
         LogStore {
             log: Arc::clone(&self.log),
-            _types: PhantomData,
+            recent: Arc::clone(&self.recent),
         }
     }
 }
@@ -66,13 +70,24 @@ fn io_error<C: RaftTypeConfig>(
 
 impl<C: RaftTypeConfig> LogStore<C>
 where
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
     pub fn new(log: Log) -> LogStore<C> {
+        // Openraft's next index.
+        let next = log.next_index() - 1;
         LogStore {
             log: Arc::new(Mutex::new(log)),
-            _types: PhantomData,
+            recent: Arc::new(Mutex::new(RecentEntries::empty_at(next))),
         }
+    }
+
+    /// The entries kept in memory. Their lock is taken after the log's,
+    /// never before it.
+    fn recent(&self) -> MutexGuard<'_, RecentEntries<C::Entry>> {
+        // A panicking holder leaves at worst a suffix that no longer ends
+        // where the log does: `check` against the log's end empties it at
+        // the next change.
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Bytes the log's live segments hold (`Log::bytes`); none once its
@@ -100,6 +115,9 @@ where
         to: u64,
         bytes: usize,
     ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        if let Some(entries) = self.recent().read(from, to, bytes) {
+            return Ok(entries);
+        }
         let log = self.lock()?;
         // Openraft's indexes, clamped to what the log holds.
         let from = from.max(log.first_index() - 1);
@@ -142,7 +160,7 @@ where
 
 impl<C: RaftTypeConfig> RaftLogReader<C> for LogStore<C>
 where
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
@@ -174,7 +192,7 @@ where
 
 impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C>
 where
-    C::Entry: Serialize + DeserializeOwned,
+    C::Entry: Serialize + DeserializeOwned + Clone,
 {
     type LogReader = LogStore<C>;
 
@@ -219,6 +237,7 @@ where
         I::IntoIter: OptionalSend,
     {
         let mut log = self.lock()?;
+        let mut recent = self.recent();
         let mut payload = Vec::new();
         for entry in entries {
             let id = entry.get_log_id().clone();
@@ -231,23 +250,36 @@ where
             if at.index < log.next_index() && at.index >= log.first_index() {
                 // An entry at an index the log holds replaces it and every
                 // later one: they conflict with it (Raft's log matching).
-                log.truncate(at.index)
-                    .map_err(|e| io_error::<C>(subject.clone(), ErrorVerb::Write, e))?;
+                let truncated = log.truncate(at.index);
+                recent.truncate(id.index);
+                recent.check(log.next_index() - 1);
+                truncated.map_err(|e| io_error::<C>(subject.clone(), ErrorVerb::Write, e))?;
             }
             if log.first_index() == log.next_index() && at.index != log.next_index() {
                 // An empty log takes its first entry at any index (a
                 // follower's log after a snapshot): what precedes it is
                 // marked purged, in the entry's term.
-                log.reset(Some(tablix_log::LogId {
+                let reset = log.reset(Some(tablix_log::LogId {
                     term: at.term,
                     index: at.index - 1,
-                }))
-                .map_err(|e| io_error::<C>(subject.clone(), ErrorVerb::Write, e))?;
+                }));
+                recent.check(log.next_index() - 1);
+                reset.map_err(|e| io_error::<C>(subject.clone(), ErrorVerb::Write, e))?;
             }
-            log.append(at, &payload)
-                .map_err(|e| io_error::<C>(subject, ErrorVerb::Write, e))?;
+            if let Err(e) = log.append(at, &payload) {
+                recent.check(log.next_index() - 1);
+                return Err(io_error::<C>(subject, ErrorVerb::Write, e));
+            }
+            recent.push(id.index, entry, payload.len());
         }
+        recent.check(log.next_index() - 1);
+        // Readers find the entries in memory while the log syncs.
+        drop(recent);
         let synced = log.sync();
+        if synced.is_err() {
+            // The log is poisoned: nothing is read from memory either.
+            *self.recent() = RecentEntries::empty_at(log.next_index() - 1);
+        }
         drop(log);
         match synced {
             Ok(()) => {
@@ -263,14 +295,20 @@ where
     }
 
     async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.lock()?
-            .truncate(log_id.index + 1)
-            .map_err(|e| io_error::<C>(ErrorSubject::Log(log_id), ErrorVerb::Delete, e))
+        let mut log = self.lock()?;
+        let r = log.truncate(log_id.index + 1);
+        let mut recent = self.recent();
+        recent.truncate(log_id.index);
+        recent.check(log.next_index() - 1);
+        r.map_err(|e| io_error::<C>(ErrorSubject::Log(log_id), ErrorVerb::Delete, e))
     }
 
     async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
-        self.lock()?
-            .purge(to_log(log_id.leader_id.term, log_id.index))
-            .map_err(|e| io_error::<C>(ErrorSubject::Log(log_id), ErrorVerb::Delete, e))
+        let mut log = self.lock()?;
+        let r = log.purge(to_log(log_id.leader_id.term, log_id.index));
+        let mut recent = self.recent();
+        recent.purge(log_id.index);
+        recent.check(log.next_index() - 1);
+        r.map_err(|e| io_error::<C>(ErrorSubject::Log(log_id), ErrorVerb::Delete, e))
     }
 }

@@ -23,7 +23,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use tablix_store::{CommandReply, EntryReply, ReplicatedCommand, Stamped};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::committing::Committing;
+use crate::committing::{Committing, Expected};
 use crate::gather::{Backoff, DEFAULT_WAIT, Queued};
 use crate::types::{NodeId, TypeConfig};
 
@@ -183,6 +183,7 @@ async fn batch(
                 .map(|p| (p.command, p.reply))
                 .unzip();
             let count = commands.len();
+            let seeds = commands.iter().map(|c| c.stamp.seed).collect();
             // Called before the answers go out, so a client answered here
             // cannot have proposed again yet; also at commit, when the next
             // entry may leave: clients answered together then still
@@ -191,20 +192,51 @@ async fn batch(
                 expected.store(count.saturating_add(queued.waiting()), Ordering::Relaxed);
             };
             // The slot is free once the entry is committed (its apply
-            // began) or answered, whichever comes first.
+            // began) or answered, whichever comes first; the clients are
+            // answered once it is applied or openraft answered.
             let mut slot = Some(slot);
-            let mut committed = committing.expect(seed);
+            let mut answers = Some(answers);
+            let Expected { committed, applied } = committing.expect(seeds);
+            let mut committed = Some(committed);
+            let mut applied = Some(applied);
             let write = raft.client_write(commands);
             tokio::pin!(write);
-            let outcome = tokio::select! {
-                o = &mut write => o,
-                Ok(()) = &mut committed => {
-                    expect_next();
-                    slot = None;
-                    write.await
+            let outcome = loop {
+                tokio::select! {
+                    o = &mut write => break o,
+                    told = told(&mut committed) => {
+                        committed = None;
+                        if told.is_ok() {
+                            expect_next();
+                            slot = None;
+                        }
+                    }
+                    told = told(&mut applied) => {
+                        applied = None;
+                        if let Ok(a) = told
+                            && let Some(answers) = answers.take()
+                        {
+                            committing.forget(seed);
+                            expect_next();
+                            // Past its commit too: a commit told late
+                            // must not set the expectation again.
+                            committed = None;
+                            slot = None;
+                            for (answer, reply) in answers.into_iter().zip(a.replies) {
+                                let _ = answer.send(Ok(Committed { reply, index: a.index }));
+                            }
+                        }
+                    }
                 }
             };
             committing.forget(seed);
+            let Some(answers) = answers else {
+                // Answered when applied (openraft's answer says the same),
+                // its slot freed and the next entry's expectation set then:
+                // set again now, it would count the answered clients' next
+                // proposals twice.
+                return;
+            };
             expect_next();
             drop(slot);
             match outcome {
@@ -232,6 +264,14 @@ async fn batch(
                 }
             }
         });
+    }
+}
+
+/// What `rx` is sent, or never while it is `None` (already received).
+async fn told<T>(rx: &mut Option<oneshot::Receiver<T>>) -> Result<T, oneshot::error::RecvError> {
+    match rx {
+        Some(rx) => rx.await,
+        None => std::future::pending().await,
     }
 }
 

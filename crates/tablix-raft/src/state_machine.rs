@@ -236,8 +236,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut out = Vec::new();
         // The seeds of each entry's Commands, to keep their replies by.
         let mut seeds: Vec<Vec<u64>> = Vec::new();
+        // Each entry's index, as openraft counts.
+        let mut indexes: Vec<u64> = Vec::new();
         for entry in entries {
             let id = *entry.get_log_id();
+            indexes.push(id.index);
             seeds.push(match &entry.payload {
                 EntryPayload::Normal(batch) => batch.iter().map(|c| c.stamp.seed).collect(),
                 _ => Vec::new(),
@@ -268,11 +271,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .apply_entries(out)
             .await
             .map_err(|e| sm_error(ErrorVerb::Write, e))?;
-        for (reply, seeds) in replies.iter().zip(&seeds) {
+        for ((reply, seeds), index) in replies.iter().zip(&seeds).zip(&indexes) {
             if let EntryReply::Commands(each) = reply {
                 for (r, seed) in each.iter().zip(seeds) {
                     self.replies.record(*seed, r);
                 }
+                self.committing.applied(seeds, *index, each);
             }
         }
         Ok(replies)

@@ -285,6 +285,10 @@ pub(crate) struct Appliers<'a> {
     /// What the last group's transaction recorded of them, for the
     /// memory to follow once it commits.
     pub(crate) recorded: RefCell<Option<Recorded>>,
+    /// The state is known to hold no partly applied entry (the last
+    /// `apply` on it applied every entry it was handed, and nothing else
+    /// wrote it since): `apply` need not read where it stands.
+    pub(crate) settled: bool,
 }
 
 impl Appliers<'_> {
@@ -355,7 +359,12 @@ pub(crate) fn apply(
 ) -> Result<Vec<EntryReply>, Halted> {
     let first = entries.first().map_or(0, |e| e.id.index);
     // Commands of the first entry a stopped node had already applied.
-    let skip = match within(to.fs.connection()) {
+    let stands = if to.settled {
+        Ok(None)
+    } else {
+        within(to.fs.connection())
+    };
+    let skip = match stands {
         Ok(Some(w)) if w.index == first => w.count,
         Ok(Some(w)) => {
             tracing::warn!(

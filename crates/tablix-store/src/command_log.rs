@@ -475,6 +475,7 @@ pub(crate) fn replay(
         watch: None,
         dedup: None,
         recorded: std::cell::RefCell::new(None),
+        settled: false,
     };
     let entries = entries
         .into_iter()

@@ -267,6 +267,7 @@ impl Store {
             wal: WalFile::of(&config.database_path()),
             fs_watch: Arc::clone(&fs_watch),
             proposals: std::cell::RefCell::new(None),
+            settled: std::cell::Cell::new(false),
         };
         let handle = std::thread::Builder::new()
             .name("tablix-writer".into())

@@ -74,6 +74,10 @@ pub(crate) struct Writer {
     /// holds them; loaded at the first entries applied, and again after
     /// a snapshot replaced the state.
     pub(crate) proposals: std::cell::RefCell<Option<Proposals>>,
+    /// True while the state is known to hold every entry replication
+    /// handed it whole: the last apply of entries succeeded. False at
+    /// start, after a failed apply and once a snapshot replaced the state.
+    pub(crate) settled: std::cell::Cell<bool>,
 }
 
 impl Writer {
@@ -498,6 +502,7 @@ impl Writer {
             watch: Some(&self.fs_watch),
             dedup: Some(&known),
             recorded: std::cell::RefCell::new(None),
+            settled: self.settled.replace(false),
         };
         let r = apply_log::apply(&to, entries, |id| log.applied_to(id));
         drop(to);
@@ -507,6 +512,7 @@ impl Writer {
         match r {
             Ok(replies) => {
                 Counters::add(&self.counters.commands, n);
+                self.settled.set(true);
                 Ok(replies)
             }
             Err(h) => {
@@ -539,6 +545,7 @@ impl Writer {
         }
         log.running()?;
         self.proposals.borrow_mut().take();
+        self.settled.set(false);
         let mut fs = self.fs()?;
         match fs.install(path) {
             Ok(state) => {

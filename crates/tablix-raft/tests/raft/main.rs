@@ -420,6 +420,41 @@ fn entries_and_the_vote_read_back_after_reopening() {
 }
 
 #[test]
+fn entries_read_back_from_memory_are_the_log_s_after_truncations_and_purges() {
+    let dir = tempfile::tempdir().unwrap();
+    current_thread().block_on(async {
+        let mut store = open_log_store(dir.path());
+        let mut reader = store.get_log_reader().await;
+        let first: Vec<_> = (0..30).map(|i| blank(1, i)).collect();
+        store.blocking_append(first.clone()).await.unwrap();
+        // A conflict from entry 20 on, as a new leader's append makes one.
+        store.truncate(id(1, 20)).await.unwrap();
+        let read = reader.try_get_log_entries(15..100).await.unwrap();
+        assert_eq!(read, first[15..20].to_vec(), "truncated entries are gone");
+        let second: Vec<_> = (20..25).map(|i| blank(2, i)).collect();
+        store.blocking_append(second.clone()).await.unwrap();
+        store.purge(id(1, 4)).await.unwrap();
+        let read = reader.try_get_log_entries(5..7).await.unwrap();
+        assert_eq!(read, first[5..7].to_vec());
+        // An append that replaces entries itself (openraft may hand a
+        // follower entries the log holds in another term).
+        let third: Vec<_> = (23..27).map(|i| blank(3, i)).collect();
+        store.blocking_append(third.clone()).await.unwrap();
+        let mut want: Vec<_> = first[5..20].to_vec();
+        want.extend_from_slice(&second[..3]);
+        want.extend_from_slice(&third);
+        let live = reader.try_get_log_entries(5..100).await.unwrap();
+        assert_eq!(live, want);
+        let bounded = reader.limited_get_log_entries(18, 27).await.unwrap();
+        assert_eq!(bounded, want[13..].to_vec());
+        drop((store, reader));
+        let mut reopened = open_log_store(dir.path());
+        let read = reopened.try_get_log_entries(5..100).await.unwrap();
+        assert_eq!(read, want, "what memory served is what the log holds");
+    });
+}
+
+#[test]
 fn a_replication_request_carries_entries_up_to_a_mebibyte_and_at_least_one() {
     let dir = tempfile::tempdir().unwrap();
     current_thread().block_on(async {

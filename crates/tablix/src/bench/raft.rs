@@ -3,7 +3,10 @@
 //! the command log, its state machine on the store) costs against the
 //! store's own command log, in one process, with no HTTP in between.
 //! Each client proposes single-row inserts one after another; both paths
-//! log each Command durably before it is applied and answered.
+//! log each Command durably before it is applied and answered. Besides the
+//! rate, each run reports the process's CPU time per insert (clients
+//! included, the same on both paths): what a path costs the machine,
+//! apart from the time it waits.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -89,9 +92,27 @@ impl Proposer {
     }
 }
 
+/// What one run measured.
+struct Run {
+    /// Inserts per second.
+    rate: f64,
+    /// The process's CPU time per insert, in microseconds.
+    cpu_us: f64,
+}
+
+/// The CPU time this process has used, all threads.
+fn process_cpu() -> anyhow::Result<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID)
+        .context("reading the process's CPU time")?;
+    Ok(Duration::new(
+        u64::try_from(t.tv_sec()).unwrap_or(0),
+        u32::try_from(t.tv_nsec()).unwrap_or(0),
+    ))
+}
+
 /// Inserts per second from `clients` concurrent proposers on `path`,
-/// in a fresh directory `dir`.
-async fn measure(path: Route, dir: &Path, clients: usize, seconds: f64) -> anyhow::Result<f64> {
+/// in a fresh directory `dir`, and their CPU time.
+async fn measure(path: Route, dir: &Path, clients: usize, seconds: f64) -> anyhow::Result<Run> {
     if dir.exists() {
         std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -118,6 +139,7 @@ async fn measure(path: Route, dir: &Path, clients: usize, seconds: f64) -> anyho
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let started = Instant::now();
+    let cpu_before = process_cpu()?;
     let mut tasks = Vec::new();
     for c in 0..clients {
         let proposer = proposer.clone();
@@ -135,7 +157,10 @@ async fn measure(path: Route, dir: &Path, clients: usize, seconds: f64) -> anyho
     for t in tasks {
         t.await??;
     }
-    let rate = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+    let inserts = done.load(Ordering::Relaxed) as f64;
+    let rate = inserts / started.elapsed().as_secs_f64();
+    let cpu = process_cpu()?.saturating_sub(cpu_before);
+    let cpu_us = cpu.as_secs_f64() * 1e6 / inserts.max(1.0);
     drop(proposer);
     if let Some(node) = node {
         match Arc::try_unwrap(node) {
@@ -144,7 +169,7 @@ async fn measure(path: Route, dir: &Path, clients: usize, seconds: f64) -> anyho
         }
     }
     store.close()?;
-    Ok(rate)
+    Ok(Run { rate, cpu_us })
 }
 
 pub fn run(a: RaftBenchArgs) -> anyhow::Result<ExitCode> {
@@ -156,10 +181,10 @@ pub fn run(a: RaftBenchArgs) -> anyhow::Result<ExitCode> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut rates: Vec<(usize, Route, Vec<f64>)> = Vec::new();
+    let mut runs: Vec<(usize, Route, Vec<Run>)> = Vec::new();
     for &clients in &a.clients {
         for path in [Route::Own, Route::Raft] {
-            rates.push((clients, path, Vec::new()));
+            runs.push((clients, path, Vec::new()));
         }
     }
     for round in 0..a.repeat {
@@ -170,18 +195,20 @@ pub fn run(a: RaftBenchArgs) -> anyhow::Result<ExitCode> {
                 [Route::Raft, Route::Own]
             };
             for path in order {
-                let rate = rt.block_on(measure(path, &dir.join("run"), clients, a.seconds))?;
+                let run = rt.block_on(measure(path, &dir.join("run"), clients, a.seconds))?;
                 eprintln!(
-                    "round {}/{}: {clients} client(s), {}: {rate:.0} inserts/s",
+                    "round {}/{}: {clients} client(s), {}: {:.0} inserts/s, {:.1} us of CPU each",
                     round + 1,
                     a.repeat,
-                    path.name()
+                    path.name(),
+                    run.rate,
+                    run.cpu_us
                 );
-                if let Some(r) = rates
+                if let Some(r) = runs
                     .iter_mut()
                     .find(|(c, p, _)| *c == clients && *p == path)
                 {
-                    r.2.push(rate);
+                    r.2.push(run);
                 }
             }
         }
@@ -193,21 +220,27 @@ pub fn run(a: RaftBenchArgs) -> anyhow::Result<ExitCode> {
         dir.display()
     );
     println!(
-        "{:>8}  {:>16}  {:>26}  {:>6}",
-        "clients", "store's own log", "cluster of one (openraft)", "ratio"
+        "{:>8}  {:>16}  {:>26}  {:>6}  {:>14}  {:>14}",
+        "clients",
+        "store's own log",
+        "cluster of one (openraft)",
+        "ratio",
+        "CPU us, own",
+        "CPU us, raft"
     );
     for &clients in &a.clients {
-        let of = |path: Route| {
-            rates
-                .iter()
+        let of = |path: Route, field: fn(&Run) -> f64| {
+            runs.iter()
                 .find(|(c, p, _)| *c == clients && *p == path)
-                .map_or(f64::NAN, |(_, _, v)| median(v.clone()))
+                .map_or(f64::NAN, |(_, _, v)| median(v.iter().map(field).collect()))
         };
-        let (own, raft) = (of(Route::Own), of(Route::Raft));
+        let (own, raft) = (of(Route::Own, |r| r.rate), of(Route::Raft, |r| r.rate));
+        let (own_cpu, raft_cpu) = (of(Route::Own, |r| r.cpu_us), of(Route::Raft, |r| r.cpu_us));
         println!(
-            "{clients:>8}  {own:>16.0}  {raft:>26.0}  {:>6.2}",
+            "{clients:>8}  {own:>16.0}  {raft:>26.0}  {:>6.2}  {own_cpu:>14.1}  {raft_cpu:>14.1}",
             raft / own
         );
     }
+    println!("(CPU us: the process's CPU time per insert, clients included; medians)");
     Ok(ExitCode::SUCCESS)
 }
