@@ -216,7 +216,7 @@ async fn batch(
                         if let Ok(a) = told
                             && let Some(answers) = answers.take()
                         {
-                            committing.forget(seed);
+                            // `applied` ended the registration.
                             expect_next();
                             // Past its commit too: a commit told late
                             // must not set the expectation again.

@@ -234,20 +234,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let mut out = Vec::new();
-        // The seeds of each entry's Commands, to keep their replies by.
-        let mut seeds: Vec<Vec<u64>> = Vec::new();
-        // Each entry's index, as openraft counts.
-        let mut indexes: Vec<u64> = Vec::new();
+        // Each entry's index (openraft's) and the seeds of its Commands,
+        // to keep their replies by.
+        let mut seeds: Vec<(u64, Vec<u64>)> = Vec::new();
         for entry in entries {
             let id = *entry.get_log_id();
-            indexes.push(id.index);
-            seeds.push(match &entry.payload {
+            let each: Vec<u64> = match &entry.payload {
                 EntryPayload::Normal(batch) => batch.iter().map(|c| c.stamp.seed).collect(),
                 _ => Vec::new(),
-            });
-            if let Some(first) = seeds.last().and_then(|s| s.first()) {
+            };
+            if let Some(first) = each.first() {
                 self.committing.applying(*first);
             }
+            seeds.push((id.index, each));
             let payload = match entry.payload {
                 EntryPayload::Blank => tablix_store::EntryPayload::Blank,
                 EntryPayload::Normal(batch) => tablix_store::EntryPayload::Commands(batch),
@@ -271,7 +270,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .apply_entries(out)
             .await
             .map_err(|e| sm_error(ErrorVerb::Write, e))?;
-        for ((reply, seeds), index) in replies.iter().zip(&seeds).zip(&indexes) {
+        for (reply, (index, seeds)) in replies.iter().zip(&seeds) {
             if let EntryReply::Commands(each) = reply {
                 for (r, seed) in each.iter().zip(seeds) {
                     self.replies.record(*seed, r);
