@@ -1258,6 +1258,12 @@ impl Filesystem for TablixFs {
     ) {
         let r = match route::node(ino.0) {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
+            // With the writeback cache the kernel holds writes this mount
+            // has not seen, and its size is the file's: an answer from the
+            // stored blocks would call those bytes a hole, or past the end,
+            // and a reader skipping holes would skip them. ENOSYS has the
+            // kernel answer from its own size from now on, every byte data.
+            Node::Stored(_) if self.config.writeback_cache.is_some() => Err(Errno(libc::ENOSYS)),
             Node::Stored(_) if offset < 0 => Err(Errno::ENXIO),
             Node::Stored(ino) => self.read(|c| read::seek(c, ino, offset as u64, whence)),
         };
