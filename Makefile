@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen conformance pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen conformance fsx pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -66,6 +66,13 @@ jepsen: deps
 ## the suite, pinned, from PJDFSTEST_REPO: a local mirror works).
 conformance: build
 	./scripts/pjdfstest.sh target/release/tablix
+
+## fsx, xfstests' file-system exerciser (random I/O checked byte for
+## byte), on a plain daemon's mount in sync and async mode and on a
+## follower's of three nodes (root, FUSE; clones xfstests, pinned, from
+## FSX_REPO and builds only fsx).
+fsx: build
+	./scripts/fsx.sh target/release/tablix
 
 ## Existing rqlite client libraries (pinned, in a venv) against the daemon.
 RQ_VENV = target/rqlite-clients-venv
