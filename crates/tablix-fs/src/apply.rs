@@ -978,23 +978,6 @@ fn zero_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, Fs
     Ok(delta)
 }
 
-/// Materialises zero-filled storage for `[from, to)` where it is missing.
-fn allocate_range(conn: &Connection, ino: Ino, from: u64, to: u64) -> Result<i64, FsError> {
-    let mut delta = 0i64;
-    // Each block from the one holding `from` is filled up to `to`, from its
-    // start: a short block before `from` grows to cover the range too.
-    for span in spans(from, to) {
-        let key = block_key(ino, span.index);
-        let mut block = load_block(conn, key)?.unwrap_or_default();
-        if block.len() < span.hi {
-            delta += (span.hi - block.len()) as i64;
-            block.resize(span.hi, 0);
-            store_block(conn, key, &block)?;
-        }
-    }
-    Ok(delta)
-}
-
 fn fallocate(
     conn: &Connection,
     now: i64,
@@ -1021,17 +1004,15 @@ fn fallocate(
         .filter(|&e| e <= MAX_FILE_SIZE)
         .ok_or(FsError::Errno(Errno::EFBIG))?;
     let keep_size = mode & KEEP_SIZE != 0;
-    let delta = if mode & (PUNCH_HOLE | ZERO_RANGE) != 0 {
-        zero_range(conn, ino, offset, end.min(a.size))?
-    } else {
-        let limit = if keep_size { end.min(a.size) } else { end };
-        if offset < limit {
-            allocate_range(conn, ino, offset, limit)?
-        } else {
-            0
-        }
-    };
-    a.allocated = (a.allocated as i64 + delta).max(0) as u64;
+    // Allocating stores nothing: a range the file does not hold reads as
+    // zeros already, and zeros stored there would not keep a later write
+    // from ENOSPC (its bytes reach the command log and the WAL before the
+    // file's pages, and those need room of their own). The mount checks
+    // the data directory's room before it asks.
+    if mode & (PUNCH_HOLE | ZERO_RANGE) != 0 {
+        let delta = zero_range(conn, ino, offset, end.min(a.size))?;
+        a.allocated = (a.allocated as i64 + delta).max(0) as u64;
+    }
     if !keep_size && end > a.size {
         a.size = end;
         a.mtime_ns = now;

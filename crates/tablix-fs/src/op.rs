@@ -92,7 +92,8 @@ pub enum FsOp {
         kill_suidgid: bool,
     },
     /// fallocate(2); `mode` takes FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE
-    /// and FALLOC_FL_ZERO_RANGE.
+    /// and FALLOC_FL_ZERO_RANGE. Allocating stores nothing: it grows the
+    /// size (without KEEP_SIZE) over a hole.
     Fallocate {
         ino: Ino,
         offset: u64,

@@ -450,6 +450,40 @@ impl TablixFs {
         })
     }
 
+    /// fallocate(2). Allocating stores nothing (`tablix_fs` says why), so
+    /// the room is checked here, on this node's disk, before the Command:
+    /// ENOSPC when the data directory's file system has fewer free bytes
+    /// than the range asks for beyond what the file already holds.
+    fn fallocate_inner(
+        &self,
+        req: &Request,
+        (ino, fh): (Ino, FileHandle),
+        (offset, length): (u64, u64),
+        mode: i32,
+    ) -> Result<(), Errno> {
+        // Only the allocating modes; the store refuses unknown ones.
+        if mode & !libc::FALLOC_FL_KEEP_SIZE == 0 {
+            let held = self.getattr_of(ino)?.allocated;
+            let vfs =
+                nix::sys::statvfs::statvfs(&self.config.data_dir).map_err(|e| Errno(e as i32))?;
+            let room = (vfs.blocks_available() as u64).saturating_mul(vfs.fragment_size() as u64);
+            if length.saturating_sub(held) > room {
+                return Err(Errno(libc::ENOSPC));
+            }
+        }
+        self.change_fenced(
+            (ino, fh),
+            req.pid(),
+            FsOp::Fallocate {
+                ino,
+                offset,
+                length,
+                mode,
+            },
+        )
+        .map(|_| ())
+    }
+
     fn access_inner(&self, req: &Request, ino: Ino, mask: AccessFlags) -> Result<(), Errno> {
         let a = self.getattr_of(ino)?;
         let mask = mask.bits() as u32 & 0o7;
@@ -1214,18 +1248,7 @@ impl Filesystem for TablixFs {
     ) {
         let r = match route::node(ino.0) {
             Node::Virtual(_) => Err(Errno(libc::ESPIPE)),
-            Node::Stored(ino) => self
-                .change_fenced(
-                    (ino, fh),
-                    req.pid(),
-                    FsOp::Fallocate {
-                        ino,
-                        offset,
-                        length,
-                        mode,
-                    },
-                )
-                .map(|_| ()),
+            Node::Stored(ino) => self.fallocate_inner(req, (ino, fh), (offset, length), mode),
         };
         Self::reply_empty(reply, r);
     }

@@ -587,7 +587,9 @@ fn statfs_and_fallocate() {
         use nix::fcntl::{FallocateFlags, fallocate};
         fallocate(&file, FallocateFlags::empty(), 0, 200_000).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200_000);
-        assert!(file.metadata().unwrap().blocks() * 512 >= 200_000);
+        // Allocating stores nothing: the range reads as zeros.
+        assert_eq!(file.metadata().unwrap().blocks(), 0);
+        assert!(fs::read(&p).unwrap().iter().all(|&b| b == 0));
         fallocate(&file, FallocateFlags::FALLOC_FL_KEEP_SIZE, 200_000, 100_000).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200_000);
         use std::os::unix::fs::FileExt;
@@ -884,6 +886,55 @@ fn a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes() {
         "a_full_disk_in_async_mode_keeps_fsynced_data_and_refuses_changes",
         Durability::Async,
     );
+}
+
+#[test]
+#[ignore = "needs root and /dev/fuse: make test runs it as root"]
+fn fallocate_asks_for_room_the_disk_has_and_writes_nothing() {
+    let name = "fallocate_asks_for_room_the_disk_has_and_writes_nothing";
+    require_fuse(name);
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = tablix_testkit::TinyDisk::mount(name, "8m");
+    let small = disk.path().to_path_buf();
+    let f = crate::harness::mount_at(Durability::Sync, tmp, small.join("data"));
+    let p = f.path("big");
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    use nix::fcntl::{FallocateFlags, fallocate};
+    let room = {
+        let s = nix::sys::statvfs::statvfs(&small).unwrap();
+        s.blocks_available() as i64 * s.fragment_size() as i64
+    };
+    // More than the data directory's disk holds: refused, nothing changed.
+    assert_eq!(
+        fallocate(&file, FallocateFlags::empty(), 0, room + (1 << 20)).map_err(|e| e as i32),
+        Err(libc::ENOSPC)
+    );
+    assert_eq!(file.metadata().unwrap().len(), 0);
+    // Within it: the size grows and no byte is written for it, so two
+    // ranges that together exceed the room both fit.
+    let half = room / 2 + 1;
+    fallocate(&file, FallocateFlags::empty(), 0, half).unwrap();
+    fallocate(&file, FallocateFlags::empty(), half, half).unwrap();
+    let m = file.metadata().unwrap();
+    assert_eq!(m.len(), 2 * half as u64);
+    assert_eq!(m.blocks(), 0);
+    use std::os::unix::fs::FileExt;
+    let mut tail = [1u8; 4096];
+    file.read_exact_at(&mut tail, 2 * half as u64 - 4096)
+        .unwrap();
+    assert!(tail.iter().all(|&b| b == 0));
+    // Bytes written into the range are stored as any write.
+    file.write_all_at(b"kept", 10).unwrap();
+    file.sync_all().unwrap();
+    let mut back = [0u8; 4];
+    file.read_exact_at(&mut back, 10).unwrap();
+    assert_eq!(&back, b"kept");
 }
 
 /// Writes and fsyncs: in async mode a full disk shows at the fsync.
