@@ -77,48 +77,8 @@ EOF
 fi
 fsx=$(cd "$src" && pwd)/fsx
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/tablix-fsx.XXXXXX")
-pids=()
-mounts=()
-cleanup() {
-    # Each daemon unmounts its file system as it stops.
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    for m in "${mounts[@]}"; do umount -l "$m" 2>/dev/null || true; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# Starts a daemon: start NAME MOUNTPOINT-OR-"" ARGS...; waits for its
-# ready line, which is left in $work/NAME.out.
-start() {
-    local name=$1 mnt=$2
-    shift 2
-    local args=(up --data "$work/$name.data" --http 127.0.0.1:0 --exit-with-parent "$@")
-    if [[ -n $mnt ]]; then
-        mkdir -p "$mnt"
-        args+=("$mnt")
-        mounts+=("$mnt")
-    fi
-    "$bin" "${args[@]}" >"$work/$name.out" 2>"$work/$name.log" &
-    pids+=($!)
-    for _ in $(seq 1 600); do
-        if grep -q '^tablix ready' "$work/$name.out"; then
-            return 0
-        fi
-        if ! kill -0 "${pids[-1]}" 2>/dev/null; then
-            break
-        fi
-        sleep 0.1
-    done
-    echo "fsx: daemon $name did not start:" >&2
-    cat "$work/$name.log" >&2
-    exit 1
-}
-
-ready_field() {
-    sed -n "s/.* $2=\([^ ]*\).*/\1/p" "$work/$1.out"
-}
+tool=fsx
+source scripts/daemons.sh
 
 failed=0
 # fsx_on WHAT MOUNT SEED FSX-FLAGS...: one run, its log kept on failure.
