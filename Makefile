@@ -5,7 +5,7 @@ ARGS ?=
 # Where `make run` mounts the file system.
 MOUNT ?= $(HOME)/tablix
 
-.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen conformance fsx pcache-c-test rqlite-clients-test
+.PHONY: deps run test lint build install bench bench-insert bench-tps bench-pcache bench-log bench-fs bench-pipe bench-hostile soak jepsen conformance fsx xfstests pcache-c-test rqlite-clients-test
 
 deps:
 	@./scripts/install-deps.sh
@@ -73,6 +73,14 @@ conformance: build
 ## FSX_REPO and builds only fsx).
 fsx: build
 	./scripts/fsx.sh target/release/tablix
+
+## xfstests' generic tests (the quick group by default, XFSTESTS_TESTS
+## to choose) on plain daemons' mounts, XFSTESTS_MODE sync or async (root,
+## FUSE; installs the Debian packages it builds with, clones xfstests,
+## pinned, from XFSTESTS_REPO, and installs /sbin/mount.fuse.tablix while
+## it runs; expected failures, with reasons, in scripts/xfstests.exclude).
+xfstests: build
+	./scripts/xfstests.sh target/release/tablix
 
 ## Existing rqlite client libraries (pinned, in a venv) against the daemon.
 RQ_VENV = target/rqlite-clients-venv

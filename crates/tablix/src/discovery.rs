@@ -56,6 +56,12 @@ impl DaemonFile {
     pub fn remove(dir: &Path) {
         let _ = std::fs::remove_file(dir.join(FILE));
     }
+
+    /// The daemon file of `dir`, if there is one and it reads.
+    pub fn read(dir: &Path) -> Option<DaemonFile> {
+        let bytes = std::fs::read(dir.join(FILE)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
 }
 
 /// How a client command reaches the daemon: over TCP when `addr` names

@@ -1346,6 +1346,22 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
     assert!(record.contains("\"pid\""), "{record}");
     let status = Command::new("umount").arg(&mnt).status().unwrap();
     assert!(status.success());
+    // Mounted again at once, read-only: the helper waits for the stopping
+    // daemon to let go of the directory, then remounts read-only.
+    let o = Command::new(&helper)
+        .arg(&data)
+        .arg(&mnt)
+        .args(["-o", "ro"])
+        .output_limited();
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(
+        std::fs::read(mnt.join("via-fstab")).unwrap(),
+        b"mounted by the helper"
+    );
+    let e = std::fs::write(mnt.join("refused"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    let status = Command::new("umount").arg(&mnt).status().unwrap();
+    assert!(status.success());
     // The daemon notices and exits, removing its record.
     let deadline = Instant::now() + Duration::from_secs(10);
     while data.join("daemon.json").exists() {
