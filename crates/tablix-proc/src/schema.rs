@@ -32,7 +32,8 @@ CREATE INDEX processes_exited ON processes(exit_ns) WHERE exit_ns IS NOT NULL;
 /// schema of each connection that runs user SQL; the store provides
 /// `tablix_may_inspect(uid, euid, gid, egid)` (root, or a caller whose uid
 /// and gid match the task's real and effective ones, as ptrace's access
-/// check for reading) and `tablix_hidepid()` (the hidepid /proc is mounted
+/// check for reading; root alone for a task whose credentials were never
+/// read, which keeps NULLs) and `tablix_hidepid()` (the hidepid /proc is mounted
 /// with: 0, 1 or 2; 0 for callers in its exempt group).
 ///
 /// * `exe` only for tasks the caller may inspect (the /proc/PID/exe link

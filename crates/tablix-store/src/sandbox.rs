@@ -409,18 +409,21 @@ fn register_identity(
     visibility: ProcVisibility,
 ) -> rusqlite::Result<()> {
     let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_INNOCUOUS;
-    let int = |ctx: &rusqlite::functions::Context<'_>, i| ctx.get::<i64>(i).map(|v| v as u32);
     let s = Arc::clone(&state);
     conn.create_scalar_function("tablix_may", 4, flags, move |ctx| {
         let p = s.lock().map_err(|_| poisoned())?;
-        Ok(p.principal
-            .may(int(ctx, 0)?, int(ctx, 1)?, int(ctx, 2)?, int(ctx, 3)?))
+        Ok(match four_ids(ctx)? {
+            Some([mode, uid, gid, mask]) => p.principal.may(mode, uid, gid, mask),
+            None => p.principal.is_root(),
+        })
     })?;
     let s = Arc::clone(&state);
     conn.create_scalar_function("tablix_may_inspect", 4, flags, move |ctx| {
         let p = s.lock().map_err(|_| poisoned())?;
-        Ok(p.principal
-            .may_inspect(int(ctx, 0)?, int(ctx, 1)?, int(ctx, 2)?, int(ctx, 3)?))
+        Ok(match four_ids(ctx)? {
+            Some([uid, euid, gid, egid]) => p.principal.may_inspect(uid, euid, gid, egid),
+            None => p.principal.is_root(),
+        })
     })?;
     let s = Arc::clone(&state);
     conn.create_scalar_function("tablix_caller_uid", 0, flags, move |_| {
@@ -434,6 +437,21 @@ fn register_identity(
         Ok(if exempt { 0 } else { visibility.hidepid })
     })?;
     Ok(())
+}
+
+/// The four integer arguments of an access check, or None when one is
+/// NULL: a task whose credentials were never read (it forked from a
+/// process tablix had not seen and exited before it was looked at) is
+/// root's alone to inspect, as an unreadable /proc entry would be.
+fn four_ids(ctx: &rusqlite::functions::Context<'_>) -> rusqlite::Result<Option<[u32; 4]>> {
+    let mut ids = [0; 4];
+    for (i, id) in ids.iter_mut().enumerate() {
+        match ctx.get::<Option<i64>>(i)? {
+            Some(v) => *id = v as u32,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(ids))
 }
 
 fn poisoned() -> rusqlite::Error {

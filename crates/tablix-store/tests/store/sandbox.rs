@@ -313,6 +313,61 @@ fn processes_follow_procs_rules() {
     );
 }
 
+/// A task forked from a process tablix never saw has no credentials until
+/// /proc is read; if it exits first, its row keeps NULLs. The views must
+/// still answer, showing it as an unreadable /proc entry would be.
+#[test]
+fn a_task_whose_credentials_were_never_read_is_roots_alone_to_inspect() {
+    for hidepid in [0, 2] {
+        let (_d, store) = with_processes(ProcVisibility {
+            hidepid,
+            exempt_gid: None,
+        });
+        let fork = ProcEvent::Fork {
+            pid: 20,
+            tgid: 20,
+            parent: 99,
+            parent_tgid: 99,
+            at_ns: 2,
+        };
+        let exit = ProcEvent::Exit {
+            pid: 20,
+            at_ns: 3,
+            status: Some(0),
+        };
+        store
+            .apply_proc(
+                stamp(2),
+                &ProcOp {
+                    reset: false,
+                    events: vec![fork, exit],
+                    keep_exited: 10,
+                },
+            )
+            .unwrap();
+        let q = "SELECT pid, uid, exit_code FROM processes WHERE pid = 20";
+        let seen = rows(&store, &alice(), q);
+        if hidepid == 0 {
+            assert_eq!(seen, [[Value::Integer(20), Value::Null, Value::Integer(0)]]);
+        } else {
+            assert!(seen.is_empty(), "{seen:?}");
+        }
+        assert_eq!(
+            rows(&store, &Principal::root(), q),
+            [[Value::Integer(20), Value::Null, Value::Integer(0)]]
+        );
+        // The other tasks are unaffected.
+        assert_eq!(
+            rows(
+                &store,
+                &alice(),
+                "SELECT count(*) FROM processes WHERE pid < 20"
+            ),
+            [[Value::Integer(if hidepid == 0 { 3 } else { 1 })]]
+        );
+    }
+}
+
 #[test]
 fn pipes_show_named_ones_and_the_users_own() {
     use tablix_pipe::{End, PipeOp};
