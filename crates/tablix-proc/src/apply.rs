@@ -116,14 +116,17 @@ fn fork(
         .prepare_cached("UPDATE processes SET exit_ns = ?2 WHERE pid = ?1 AND exit_ns IS NULL")?
         .execute(params![pid, at_ns])?;
     // A new process's parent is the forking process; a new thread's is
-    // its process's parent.
+    // its process's parent. The task inherits the forking thread's
+    // credentials and names, or, when that thread has no row (it started
+    // between the scan and the first event), its process's.
     let is_thread = pid != tgid;
     let copied = conn
         .prepare_cached(
             "INSERT INTO processes(pid, tgid, ppid, uid, euid, gid, egid, comm, exe, cmdline, start_ns)
              SELECT ?1, ?2, CASE WHEN ?5 THEN ppid ELSE ?4 END, uid, euid, gid, egid, comm, exe,
                     cmdline, ?6
-             FROM processes WHERE pid = ?3 AND exit_ns IS NULL",
+             FROM processes WHERE pid IN (?3, ?4) AND exit_ns IS NULL
+             ORDER BY pid = ?3 DESC LIMIT 1",
         )?
         .execute(params![pid, tgid, parent, parent_tgid, is_thread, at_ns])?;
     if copied == 0 {
@@ -222,6 +225,36 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(pids, vec![10, 12]);
+    }
+
+    #[test]
+    fn a_fork_from_a_thread_without_a_row_inherits_its_processs_credentials() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        apply(&c, &op(vec![ProcEvent::Seen(info(10, "make"))], 2)).unwrap();
+        // Thread 15 of process 10 was never seen; it forks 16, then a
+        // fork with no known parent at all makes 17.
+        let fork = |pid, parent, parent_tgid| ProcEvent::Fork {
+            pid,
+            tgid: pid,
+            parent,
+            parent_tgid,
+            at_ns: 7,
+        };
+        apply(&c, &op(vec![fork(16, 15, 10), fork(17, 40, 40)], 2)).unwrap();
+        let row = |pid: u32| -> (Option<u32>, Option<u32>, Option<u32>, Option<String>) {
+            c.query_row(
+                "SELECT ppid, uid, egid, comm FROM processes WHERE pid = ?1",
+                [pid],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            row(16),
+            (Some(10), Some(1000), Some(100), Some("make".into()))
+        );
+        assert_eq!(row(17), (Some(40), None, None, None));
     }
 
     /// Ops of forks (some of live pids: their exits were missed), execs
