@@ -44,8 +44,16 @@ fn file_data(db: &Connection, ctx: &Context<'_>, state: &Mutex<State>) -> rusqli
         _ => return Err(fail("file_data(path): path must be text".into())),
     };
     let (offset, length) = if ctx.len() == 3 {
-        let offset: i64 = ctx.get(1)?;
-        let length: i64 = ctx.get(2)?;
+        // As substr's: a NULL offset or length gives NULL.
+        let (offset, length) = match (ctx.get_raw(1), ctx.get_raw(2)) {
+            (ValueRef::Null, _) | (_, ValueRef::Null) => return Ok(Value::Null),
+            (ValueRef::Integer(o), ValueRef::Integer(l)) => (o, l),
+            _ => {
+                return Err(fail(
+                    "file_data(path, offset, length): offset and length must be integers".into(),
+                ));
+            }
+        };
         if offset < 0 || length < 0 {
             return Err(fail(
                 "file_data(path, offset, length): offset and length must not be negative".into(),

@@ -468,7 +468,7 @@ fn register_random(conn: &Connection, rng: &Arc<AtomicU64>, limit: usize) -> rus
     conn.create_scalar_function("random", 0, flags, move |_| Ok(next_random(&state) as i64))?;
     let state = Arc::clone(rng);
     conn.create_scalar_function("randomblob", 1, flags, move |ctx| {
-        let n: i64 = ctx.get(0)?;
+        let n = sqlite_int(ctx.get_raw(0));
         if n > limit as i64 {
             return Err(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_TOOBIG),
@@ -484,6 +484,33 @@ fn register_random(conn: &Connection, rng: &Arc<AtomicU64>, limit: usize) -> rus
         Ok(out)
     })?;
     Ok(())
+}
+
+/// A value as SQLite's `sqlite3_value_int64` reads it, which its own
+/// `randomblob` uses: NULL and blobs are 0, reals are truncated, text is
+/// its leading integer (after blanks and a sign; none is 0).
+fn sqlite_int(v: rusqlite::types::ValueRef<'_>) -> i64 {
+    use rusqlite::types::ValueRef;
+    match v {
+        ValueRef::Integer(i) => i,
+        ValueRef::Real(f) => f as i64,
+        ValueRef::Null | ValueRef::Blob(_) => 0,
+        ValueRef::Text(t) => {
+            let t = t.trim_ascii_start();
+            let (negative, digits) = match t.first() {
+                Some(b'-') => (true, &t[1..]),
+                Some(b'+') => (false, &t[1..]),
+                _ => (false, t),
+            };
+            let magnitude = digits
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .fold(0i64, |n, d| {
+                    n.saturating_mul(10).saturating_add(i64::from(d - b'0'))
+                });
+            if negative { -magnitude } else { magnitude }
+        }
+    }
 }
 
 /// splitmix64: small, fast and good enough for SQL's random().
@@ -513,6 +540,25 @@ pub(crate) fn writer_pragmas(conn: &Connection, config: &StoreConfig) -> rusqlit
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn randomblobs_length_is_read_as_sqlite_reads_an_integer() {
+        use rusqlite::types::ValueRef;
+        for (v, n) in [
+            (ValueRef::Integer(16), 16),
+            (ValueRef::Real(2.9), 2),
+            (ValueRef::Real(-2.9), -2),
+            (ValueRef::Null, 0),
+            (ValueRef::Blob(b"12"), 0),
+            (ValueRef::Text(b"16"), 16),
+            (ValueRef::Text(b"  -7x"), -7),
+            (ValueRef::Text(b"+3.5e2"), 3),
+            (ValueRef::Text(b"abc"), 0),
+            (ValueRef::Text(b"99999999999999999999"), i64::MAX),
+        ] {
+            assert_eq!(sqlite_int(v), n, "{v:?}");
+        }
+    }
 
     #[test]
     fn proc_mount_options_are_read() {

@@ -184,6 +184,26 @@ fn writes_gathered_together_are_bounded_as_a_group() {
         rows(&store, "SELECT count(*) FROM t"),
         [[Value::Integer(0)]]
     );
+    // Its length is read as SQLite's own reads it: text as its number,
+    // NULL and anything below 1 as one byte.
+    let r = store
+        .apply_sql(
+            stamp(1),
+            sql(&["SELECT length(randomblob('16')), length(randomblob(NULL)), length(randomblob(2.9)), length(randomblob(-5))"]),
+        )
+        .unwrap();
+    match &r.statements[0].result {
+        StatementResult::Rows(r) => assert_eq!(
+            r.values,
+            [[
+                Value::Integer(16),
+                Value::Integer(1),
+                Value::Integer(2),
+                Value::Integer(1)
+            ]]
+        ),
+        other => panic!("{other:?}"),
+    }
     // A slow write holds the writer so that the next ones are gathered into
     // one batch; each returns ~1.5 MiB, so no two fit in one group's bound.
     let slow = store.submit_sql(tablix_store::Stamped::new(

@@ -173,6 +173,22 @@ fn file_contents_need_read_permission() {
         StatementResult::Rows(r) => assert_eq!(r.values, [[text("root")]]),
         other => panic!("{other:?}"),
     }
+    // As substr's, a NULL offset or length gives NULL; other types are refused.
+    assert_eq!(
+        rows(
+            &store,
+            &Principal::root(),
+            "SELECT file_data('/etc/shadow', NULL, 4), file_data('/etc/shadow', 0, NULL)"
+        ),
+        [[Value::Null, Value::Null]]
+    );
+    match read(
+        &Principal::root(),
+        "SELECT file_data('/etc/shadow', 'x', 4)",
+    ) {
+        StatementResult::Error(m) => assert!(m.contains("must be integers"), "{m}"),
+        other => panic!("{other:?}"),
+    }
     // The raw blocks are root's.
     match read(
         &bob(),
