@@ -21,34 +21,13 @@ rev=${FSX_REV:-63a29724a85f1999e49bf0a9bf0d22643b6116e5}
 ops=${FSX_OPS:-20000}
 src=target/fsx/src
 
-if [[ $(id -u) -ne 0 ]]; then
-    echo "fsx: needs root (it mounts)" >&2
-    exit 1
-fi
-if [[ ! -c /dev/fuse ]]; then
-    echo "fsx: /dev/fuse is missing" >&2
-    exit 1
-fi
-if [[ ! -x $bin ]]; then
-    echo "fsx: no tablix binary at $bin (make build)" >&2
-    exit 1
-fi
+tool=fsx
+source scripts/preflight.sh
+need_mounting "it mounts"
+need_packages git gcc
 
-missing=()
-for p in git gcc; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "fsx: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
-
-if [[ ! -x $src/fsx ]] || [[ $(git -C "$src" rev-parse HEAD 2>/dev/null) != "$rev" ]]; then
-    rm -rf "$src"
-    mkdir -p "$(dirname "$src")"
-    git clone -q "$repo" "$src"
-    git -C "$src" checkout -q "$rev"
+if [[ ! -x $src/fsx ]] || ! at_rev "$src" "$rev"; then
+    fresh_clone "$src" "$repo" "$rev"
     # What xfstests' configure would find on Linux with glibc, for the
     # headers fsx.c includes (src/global.h); no AIO, no io_uring.
     cat >"$src/src/config.h" <<'EOF'
@@ -77,7 +56,6 @@ EOF
 fi
 fsx=$(cd "$src" && pwd)/fsx
 
-tool=fsx
 source scripts/daemons.sh
 
 failed=0

@@ -2,6 +2,9 @@
 # Installs what building and testing tablix needs on a fresh Debian machine,
 # skipping whatever is already there. Safe to run repeatedly.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+tool=install-deps
+source scripts/preflight.sh
 
 # Debian packages: a C compiler and headers for the bundled SQLite; the
 # system SQLite the C page-cache test links against; the tools the
@@ -12,17 +15,7 @@ set -euo pipefail
 # suite as another user; bonnie++ and postmark are the file-system
 # benchmarks).
 packages=(gcc libc6-dev make pkg-config procps bsdutils util-linux libsqlite3-dev valgrind curl python3 python3-venv fuse3 bonnie++ postmark tar findutils coreutils gzip bash)
-
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "install-deps: installing ${missing[*]}" >&2
-    if [[ $(id -u) -ne 0 ]]; then sudo=sudo; else sudo=; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
-fi
+need_packages "${packages[@]}"
 
 if ! command -v cargo >/dev/null; then
     echo "install-deps: cargo is missing; install Rust $(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml) with rustup" >&2

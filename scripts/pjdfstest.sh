@@ -16,39 +16,17 @@ repo=${PJDFSTEST_REPO:-https://github.com/pjd/pjdfstest}
 rev=${PJDFSTEST_REV:-85a8aea9e685999ef0540392fd80535f873d7ff7}
 src=target/pjdfstest/src
 
-if [[ $(id -u) -ne 0 ]]; then
-    echo "pjdfstest: needs root (the suite changes owners and mounts)" >&2
-    exit 1
-fi
-if [[ ! -c /dev/fuse ]]; then
-    echo "pjdfstest: /dev/fuse is missing" >&2
-    exit 1
-fi
-if [[ ! -x $bin ]]; then
-    echo "pjdfstest: no tablix binary at $bin (make build)" >&2
-    exit 1
-fi
+tool=pjdfstest
+source scripts/preflight.sh
+need_mounting "the suite changes owners and mounts"
+need_packages git autoconf automake gcc make perl
 
-missing=()
-for p in git autoconf automake gcc make perl; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "pjdfstest: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
-
-if [[ ! -x $src/pjdfstest ]] || [[ $(git -C "$src" rev-parse HEAD 2>/dev/null) != "$rev" ]]; then
-    rm -rf "$src"
-    mkdir -p "$(dirname "$src")"
-    git clone -q "$repo" "$src"
-    git -C "$src" checkout -q "$rev"
+if [[ ! -x $src/pjdfstest ]] || ! at_rev "$src" "$rev"; then
+    fresh_clone "$src" "$repo" "$rev"
     (cd "$src" && autoreconf -ifs >/dev/null 2>&1 && ./configure >/dev/null && make -s pjdfstest)
 fi
 suite=$(cd "$src" && pwd)
 
-tool=pjdfstest
 source scripts/daemons.sh
 
 failed=0

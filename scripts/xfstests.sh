@@ -29,18 +29,9 @@ read -r -a tests <<<"${XFSTESTS_TESTS:--g quick}"
 src=target/xfstests/src
 helper=/sbin/mount.fuse.tablix
 
-if [[ $(id -u) -ne 0 ]]; then
-    echo "xfstests: needs root (it mounts)" >&2
-    exit 1
-fi
-if [[ ! -c /dev/fuse ]]; then
-    echo "xfstests: /dev/fuse is missing" >&2
-    exit 1
-fi
-if [[ ! -x $bin ]]; then
-    echo "xfstests: no tablix binary at $bin (make build)" >&2
-    exit 1
-fi
+tool=xfstests
+source scripts/preflight.sh
+need_mounting "it mounts"
 if [[ $mode != sync && $mode != async ]]; then
     echo "xfstests: XFSTESTS_MODE must be sync or async, not '$mode'" >&2
     exit 1
@@ -51,21 +42,10 @@ fi
 packages=(git gcc make automake libtool-bin gawk bc psmisc attr acl quota fio uuid-runtime
     xfsprogs xfslibs-dev uuid-dev libacl1-dev libattr1-dev libaio-dev liburing-dev
     libgdbm-dev libcap-dev e2fsprogs)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    echo "xfstests: installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
+need_packages "${packages[@]}"
 
-if [[ ! -x $src/src/fsstress ]] || [[ $(git -C "$src" rev-parse HEAD 2>/dev/null) != "$rev" ]]; then
-    rm -rf "$src"
-    mkdir -p "$(dirname "$src")"
-    git clone -q "$repo" "$src"
-    git -C "$src" checkout -q "$rev"
+if [[ ! -x $src/src/fsstress ]] || ! at_rev "$src" "$rev"; then
+    fresh_clone "$src" "$repo" "$rev"
     echo "xfstests: building it (a few minutes)" >&2
     make -C "$src" -j"$(nproc)" >"$src/build.log" 2>&1 || {
         tail -n 30 "$src/build.log" >&2
