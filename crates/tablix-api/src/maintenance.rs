@@ -411,15 +411,12 @@ pub(crate) fn is_vacuum(sts: &[Statement]) -> bool {
     let [one] = sts else {
         return false;
     };
-    let words: Vec<String> = one
-        .sql
-        .trim()
-        .trim_end_matches(';')
-        .split_whitespace()
-        .map(str::to_ascii_lowercase)
-        .collect();
-    matches!(words.as_slice(), [v] | [v, _] if v == "vacuum")
-        && words.get(1).is_none_or(|s| s == "main")
+    // Asked of every write: no allocation.
+    let mut words = one.sql.trim().trim_end_matches(';').split_whitespace();
+    let (first, second) = (words.next(), words.next());
+    first.is_some_and(|v| v.eq_ignore_ascii_case("vacuum"))
+        && second.is_none_or(|s| s.eq_ignore_ascii_case("main"))
+        && words.next().is_none()
 }
 
 /// `VACUUM` sent as SQL: maintenance of the whole file (the file system's
@@ -457,6 +454,11 @@ mod tests {
         assert!(is_vacuum(&[Statement::new("VACUUM")]));
         assert!(is_vacuum(&[Statement::new(" vacuum main; ")]));
         assert!(!is_vacuum(&[Statement::new("VACUUM INTO 'x.db'")]));
+        assert!(!is_vacuum(&[Statement::new("VACUUM temp")]));
+        assert!(!is_vacuum(&[Statement::new("VACUUM main INTO 'x.db'")]));
+        assert!(!is_vacuum(&[Statement::new(
+            "INSERT INTO vacuum VALUES (1)"
+        )]));
         assert!(!is_vacuum(&[
             Statement::new("VACUUM"),
             Statement::new("SELECT 1")
