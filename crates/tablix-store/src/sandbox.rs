@@ -487,15 +487,15 @@ fn register_random(conn: &Connection, rng: &Arc<AtomicU64>, limit: usize) -> rus
 }
 
 /// A value as SQLite's `sqlite3_value_int64` reads it, which its own
-/// `randomblob` uses: NULL and blobs are 0, reals are truncated, text is
-/// its leading integer (after blanks and a sign; none is 0).
+/// `randomblob` uses: NULL is 0, reals are truncated, text and blobs are
+/// their leading integer (after blanks and a sign; none is 0).
 fn sqlite_int(v: rusqlite::types::ValueRef<'_>) -> i64 {
     use rusqlite::types::ValueRef;
     match v {
         ValueRef::Integer(i) => i,
         ValueRef::Real(f) => f as i64,
-        ValueRef::Null | ValueRef::Blob(_) => 0,
-        ValueRef::Text(t) => {
+        ValueRef::Null => 0,
+        ValueRef::Text(t) | ValueRef::Blob(t) => {
             let t = t.trim_ascii_start();
             let (negative, digits) = match t.first() {
                 Some(b'-') => (true, &t[1..]),
@@ -541,6 +541,7 @@ pub(crate) fn writer_pragmas(conn: &Connection, config: &StoreConfig) -> rusqlit
 mod tests {
     use super::*;
 
+    /// Each case checked against sqlite3's own `length(randomblob(x))`.
     #[test]
     fn randomblobs_length_is_read_as_sqlite_reads_an_integer() {
         use rusqlite::types::ValueRef;
@@ -549,7 +550,8 @@ mod tests {
             (ValueRef::Real(2.9), 2),
             (ValueRef::Real(-2.9), -2),
             (ValueRef::Null, 0),
-            (ValueRef::Blob(b"12"), 0),
+            (ValueRef::Blob(b"12"), 12),
+            (ValueRef::Blob(&[0xff, b'1']), 0),
             (ValueRef::Text(b"16"), 16),
             (ValueRef::Text(b"  -7x"), -7),
             (ValueRef::Text(b"+3.5e2"), 3),
