@@ -167,11 +167,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn fork_exec_exit_and_bounded_history() {
+    /// A process table holding only `task`.
+    fn table_with(task: ProcInfo) -> Connection {
         let c = Connection::open_in_memory().unwrap();
         c.execute_batch(SCHEMA).unwrap();
-        apply(&c, &op(vec![ProcEvent::Seen(info(10, "sh"))], 2)).unwrap();
+        apply(&c, &op(vec![ProcEvent::Seen(task)], 2)).unwrap();
+        c
+    }
+
+    #[test]
+    fn fork_exec_exit_and_bounded_history() {
+        let c = table_with(info(10, "sh"));
         let fork = |pid, tgid, parent| ProcEvent::Fork {
             pid,
             tgid,
@@ -229,9 +235,7 @@ mod tests {
 
     #[test]
     fn a_fork_from_a_thread_without_a_row_inherits_its_processs_credentials() {
-        let c = Connection::open_in_memory().unwrap();
-        c.execute_batch(SCHEMA).unwrap();
-        apply(&c, &op(vec![ProcEvent::Seen(info(10, "make"))], 2)).unwrap();
+        let c = table_with(info(10, "make"));
         // Thread 15 of process 10 was never seen; it forks 16, then a
         // fork with no known parent at all makes 17.
         let fork = |pid, parent, parent_tgid| ProcEvent::Fork {

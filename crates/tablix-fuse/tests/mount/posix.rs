@@ -17,6 +17,17 @@ use crate::harness::{Fixture, errno_of, mount, require_fuse};
 
 use tablix_testkit::require::is_root;
 
+/// `p` created (or emptied) and opened for reading and writing.
+fn create_rw(p: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p)
+        .unwrap()
+}
+
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("no NUL")
 }
@@ -70,13 +81,7 @@ fn create_open_flags() {
 fn read_write_and_sparse_files() {
     with_mount("read_write_and_sparse_files", |f| {
         let p = f.path("sparse");
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let mut file = create_rw(&p);
         // Data at 0, a hole, data at 1 MiB, straddling a block boundary.
         file.write_all(b"start").unwrap();
         file.seek(SeekFrom::Start((1 << 20) - 3)).unwrap();
@@ -577,13 +582,7 @@ fn statfs_and_fallocate() {
         assert_eq!(s.maximum_name_length(), 255);
         assert!(s.blocks() > 0);
         let p = f.path("fa");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let file = create_rw(&p);
         use nix::fcntl::{FallocateFlags, fallocate};
         fallocate(&file, FallocateFlags::empty(), 0, 200_000).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 200_000);
@@ -662,13 +661,7 @@ fn record_locks_and_flock() {
 fn mmap_shared_writable() {
     with_mount("mmap_shared_writable", |f| {
         let p = f.path("m");
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&p)
-            .unwrap();
+        let file = create_rw(&p);
         file.set_len(8192).unwrap();
         use nix::sys::mman::{MapFlags, MsFlags, ProtFlags, mmap, msync, munmap};
         let len = std::num::NonZeroUsize::new(8192).expect("len");
@@ -898,13 +891,7 @@ fn fallocate_asks_for_room_the_disk_has_and_writes_nothing() {
     let small = disk.path().to_path_buf();
     let f = crate::harness::mount_at(Durability::Sync, tmp, small.join("data"));
     let p = f.path("big");
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&p)
-        .unwrap();
+    let file = create_rw(&p);
     use nix::fcntl::{FallocateFlags, fallocate};
     let room = {
         let s = nix::sys::statvfs::statvfs(&small).unwrap();

@@ -1324,22 +1324,21 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
     // mount(8) runs /sbin/mount.fuse.tablix SOURCE DIR -o OPTIONS.
     let helper = dir.path().join("mount.fuse.tablix");
     std::os::unix::fs::symlink(BIN, &helper).unwrap();
-    let o = Command::new(&helper)
-        .arg(&data)
-        .arg(&mnt)
-        .args(["-o", "rw,nosuid,mode=async,bogus"])
-        .output_limited();
+    let mount_helper = |options: &str| {
+        Command::new(&helper)
+            .arg(&data)
+            .arg(&mnt)
+            .args(["-o", options])
+            .output_limited()
+    };
+    let o = mount_helper("rw,nosuid,mode=async,bogus");
     assert!(!o.status.success());
     assert!(
         text(&o).1.contains("unknown mount option \"bogus\""),
         "{:?}",
         text(&o)
     );
-    let o = Command::new(&helper)
-        .arg(&data)
-        .arg(&mnt)
-        .args(["-o", "rw,noauto,mode=async"])
-        .output_limited();
+    let o = mount_helper("rw,noauto,mode=async");
     assert!(o.status.success(), "{:?}", text(&o));
     std::fs::write(mnt.join("via-fstab"), b"mounted by the helper").unwrap();
     let record = std::fs::read_to_string(data.join("daemon.json")).unwrap();
@@ -1348,11 +1347,7 @@ fn the_mount_helper_mounts_like_mount_8_and_umount_stops_the_daemon() {
     assert!(status.success());
     // Mounted again at once, read-only: the helper waits for the stopping
     // daemon to let go of the directory, then remounts read-only.
-    let o = Command::new(&helper)
-        .arg(&data)
-        .arg(&mnt)
-        .args(["-o", "ro"])
-        .output_limited();
+    let o = mount_helper("ro");
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(
         std::fs::read(mnt.join("via-fstab")).unwrap(),
