@@ -213,6 +213,10 @@ pub struct ClusterStatus {
     /// bootstrapped or joined one).
     #[serde(default)]
     pub cluster_id: Option<String>,
+    /// The version of this node's apply (`tablix_store::APPLY_VERSION`):
+    /// every member runs the same one.
+    #[serde(default)]
+    pub apply_version: Option<u32>,
     /// Why this node's raft stopped (a storage failure: a full disk, an
     /// I/O error); it takes no entry until restarted.
     #[serde(default)]
@@ -360,6 +364,7 @@ impl Shared {
                 .map(|l| crate::to_log(l.leader_id.term, l.index).index),
             members,
             cluster_id: self.identity.get(),
+            apply_version: Some(tablix_store::APPLY_VERSION),
             stopped: m.running_state.as_ref().err().map(|e| e.to_string()),
             api_addr: self.api_addr.read().ok().and_then(|a| a.clone()),
         }

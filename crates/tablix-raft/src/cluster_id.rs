@@ -18,6 +18,25 @@ pub const HEADER: &str = "x-tablix-cluster";
 /// Where in a data directory a node keeps its cluster's id.
 pub const FILE: &str = "cluster-id";
 
+/// The header that carries, beside the cluster id, the version of the
+/// sender's apply (`tablix_store::APPLY_VERSION`): nodes that would apply
+/// an entry differently refuse each other.
+pub const APPLY_HEADER: &str = "x-tablix-apply";
+
+/// Why a node's request is refused for its apply version, if it is: `theirs`
+/// is the header's value (none from a build before the header).
+pub fn apply_refusal(theirs: Option<&str>, ours: u32) -> Option<String> {
+    match theirs {
+        Some(v) if v.trim().parse::<u32>().ok() == Some(ours) => None,
+        Some(v) => Some(format!(
+            "this node applies entries as version {ours} and the other side as version {v}: the nodes of a cluster must apply every entry alike, or their states would part; run one build's apply version on every node"
+        )),
+        None => Some(format!(
+            "the other side names no apply version (a tablix build from before versions, whose entries this node, of apply version {ours}, may apply differently): run one build's apply version on every node"
+        )),
+    }
+}
+
 /// Why an id was refused or could not be kept.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
@@ -87,6 +106,12 @@ impl ClusterIdentity {
                 id: RwLock::new(None),
             }),
         }
+    }
+
+    /// Whether this is a node's identity (kept in its data directory),
+    /// even before it has an id, rather than a tool's.
+    pub fn is_node(&self) -> bool {
+        self.inner.path.is_some()
     }
 
     pub fn get(&self) -> Option<String> {
@@ -174,6 +199,26 @@ fn random_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_nodes_own_apply_version_is_let_through() {
+        assert_eq!(apply_refusal(Some("7"), 7), None);
+        assert_eq!(apply_refusal(Some(" 7 "), 7), None);
+        for theirs in [
+            Some("8"),
+            Some("6"),
+            Some(""),
+            Some("seven"),
+            Some("7.0"),
+            None,
+        ] {
+            let why = apply_refusal(theirs, 7).unwrap_or_else(|| panic!("{theirs:?} let through"));
+            assert!(why.contains("version 7"), "{why}");
+            if let Some(t) = theirs.filter(|t| !t.is_empty()) {
+                assert!(why.contains(&format!("version {t}")), "{why}");
+            }
+        }
+    }
 
     #[test]
     fn an_id_is_kept_adopted_once_and_refused_when_another() {

@@ -64,6 +64,21 @@ async fn same_cluster(State(s): State<Arc<Shared>>, request: Request, next: Next
         request.uri().path(),
         path::STATUS | path::JOIN | path::REMOVE | path::TRANSFER
     );
+    // A node names its apply version, with its cluster or before it has
+    // one (joining); a tool names neither.
+    let apply = request
+        .headers()
+        .get(cluster_id::APPLY_HEADER)
+        .map(|v| v.to_str().unwrap_or(""));
+    if (theirs.is_some() || apply.is_some())
+        && let Some(why) = cluster_id::apply_refusal(apply, tablix_store::APPLY_VERSION)
+    {
+        s.warn_rarely(format!(
+            "refused a request for {}: {why}",
+            request.uri().path()
+        ));
+        return (StatusCode::CONFLICT, why).into_response();
+    }
     match theirs {
         None if from_tool => next.run(request).await,
         None => (

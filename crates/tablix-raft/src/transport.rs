@@ -105,6 +105,9 @@ pub struct Transport {
     client: Http,
     /// The cluster id sent with every request, once this side has one.
     identity: ClusterIdentity,
+    /// The apply version a node sends, with its cluster id or before it
+    /// has one.
+    apply: u32,
     /// Addresses this node acts as if it could not reach (a partition,
     /// injected by tests with [`Transport::cut_off`]).
     cut: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
@@ -178,10 +181,18 @@ impl Transport {
         Transport {
             client,
             identity,
+            apply: tablix_store::APPLY_VERSION,
             cut: Default::default(),
             faults: Default::default(),
             answered: Default::default(),
         }
+    }
+
+    /// The same client, claiming to apply entries as `version` (tests: a
+    /// node of another build).
+    pub fn applying(mut self, version: u32) -> Transport {
+        self.apply = version;
+        self
     }
 
     /// When `node` last answered an RPC of openraft's sent through this
@@ -270,7 +281,11 @@ impl Transport {
                 .method(method.clone())
                 .uri(format!("{}://{addr}{path}", self.client.scheme()))
                 .header(CONTENT_TYPE, "application/octet-stream");
-            if let Some(id) = self.identity.get() {
+            let id = self.identity.get();
+            if id.is_some() || self.identity.is_node() {
+                request = request.header(cluster_id::APPLY_HEADER, self.apply);
+            }
+            if let Some(id) = id {
                 request = request.header(cluster_id::HEADER, id);
             }
             request

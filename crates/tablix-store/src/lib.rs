@@ -20,6 +20,7 @@
 //! inside its [`Stamp`].
 
 mod apply_log;
+mod apply_version;
 mod audit;
 mod budget;
 mod changeset;
@@ -57,6 +58,7 @@ mod write_point;
 mod writer;
 
 pub use apply_log::{AppliedState, CommandReply, EntryPayload, EntryReply, FsApplied, LogEntry};
+pub use apply_version::APPLY_VERSION;
 pub use budget::{Cancel, Limits};
 pub use command::{
     DaemonRecord, Params, ReplicatedCommand, SqlCommand, Stamp, Stamped, Statement, TxCommit, Value,

@@ -222,6 +222,7 @@ impl Store {
         let tx_writer = TxWriter::open(&config)?;
         let state_applied = {
             let fs = fs.lock().map_err(|_| StoreError::Closed)?;
+            crate::apply_version::check(fs.connection(), config.log_keeper, crate::APPLY_VERSION)?;
             command_log::applied(fs.connection())?
         };
         let (mut log, recovered) = CommandLog::open(&config, state_applied)?;

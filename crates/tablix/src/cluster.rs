@@ -131,7 +131,11 @@ fn show(s: &ClusterStatus) -> String {
         index(s.snapshot_index),
     );
     if let Some(id) = &s.cluster_id {
-        out.push_str(&format!("cluster {id}\n"));
+        out.push_str(&format!("cluster {id}"));
+        if let Some(v) = s.apply_version {
+            out.push_str(&format!(", apply version {v}"));
+        }
+        out.push('\n');
     }
     if let Some(why) = &s.stopped {
         out.push_str(&format!(
@@ -174,6 +178,7 @@ mod tests {
             applied_index: Some(8),
             snapshot_index: None,
             cluster_id: Some("0123456789abcdef0123456789abcdef".into()),
+            apply_version: Some(7),
             stopped: None,
             members: vec![
                 Member {
@@ -198,7 +203,7 @@ mod tests {
         assert!(t.contains("leader: node 1 at 127.0.0.1:4101"), "{t}");
         assert!(t.contains("applied to 8, snapshot at -"), "{t}");
         assert!(
-            t.contains("cluster 0123456789abcdef0123456789abcdef"),
+            t.contains("cluster 0123456789abcdef0123456789abcdef, apply version 7"),
             "{t}"
         );
         let lines: Vec<&str> = t.lines().skip(4).collect();

@@ -132,6 +132,59 @@ fn a_node_keeps_to_its_cluster_and_a_data_directory_of_another_is_not_joined() {
     });
 }
 
+#[test]
+fn a_node_turns_away_nodes_that_apply_entries_as_another_version() {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    runtime().block_on(async {
+        let a = started(1, dirs[0].path(), Start::Bootstrap, None).await;
+        eventually("a leads", || a.0.status().leader == Some(1)).await;
+        let id = a.0.status().cluster_id.unwrap();
+        let addr = a.0.addr().to_string();
+        let ours = tablix_store::APPLY_VERSION;
+        let ask = |identity: ClusterIdentity, version: u32| {
+            let addr = addr.clone();
+            async move {
+                Transport::with(None, identity)
+                    .applying(version)
+                    .status(&addr, Duration::from_secs(2))
+                    .await
+            }
+        };
+        let member = || {
+            let m = ClusterIdentity::none();
+            m.adopt(&id).unwrap();
+            m
+        };
+        // A member of the cluster on another build, and a node that has
+        // no cluster yet (joining) on another build: both refused, saying
+        // which versions.
+        let joining = || ClusterIdentity::load(&dirs[1].path().join(cluster_id::FILE)).unwrap();
+        for (who, identity) in [("a member", member()), ("a joining node", joining())] {
+            match ask(identity, ours + 1).await {
+                Err(TransportError::Refused {
+                    status, message, ..
+                }) => {
+                    assert_eq!(status, 409, "{who}");
+                    assert!(
+                        message.contains(&format!("version {ours}"))
+                            && message.contains(&format!("version {}", ours + 1)),
+                        "{who}: {message}"
+                    );
+                }
+                other => panic!(
+                    "{who} of apply version {} was answered: {other:?}",
+                    ours + 1
+                ),
+            }
+        }
+        // The same requests at this build's version are answered.
+        ask(member(), ours).await.unwrap();
+        ask(joining(), ours).await.unwrap();
+        assert_eq!(a.0.status().members.len(), 1);
+        stop(a.0, a.1).await;
+    });
+}
+
 /// A certificate authority and what it signs.
 struct Authority {
     issuer: rcgen::Issuer<'static, rcgen::KeyPair>,

@@ -493,3 +493,49 @@ fn a_snapshot_copied_in_steps_while_entries_apply_holds_one_committed_state() {
         "the snapshots were not taken while entries were applied: {states:?}, last {last}"
     );
 }
+
+#[test]
+fn a_state_applied_by_another_version_is_refused_to_a_cluster_and_taken_by_a_single_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |keeper| {
+        let mut c = tablix_store::StoreConfig::new(dir.path());
+        c.log_keeper = keeper;
+        c
+    };
+    let store = Store::open(config(LogKeeper::Replication)).unwrap();
+    store.apply_entries(vec![create_entry(1)]).wait().unwrap();
+    drop(store);
+    let set_version = |v: u32| {
+        let db = rusqlite::Connection::open(dir.path().join("tablix.db")).unwrap();
+        db.execute(
+            "UPDATE tablix_meta SET value = ?1 WHERE key = 'apply_version'",
+            [v],
+        )
+        .unwrap()
+    };
+    let other = tablix_store::APPLY_VERSION + 1;
+    assert_eq!(set_version(other), 1, "the state recorded no apply version");
+    let refused = match Store::open(config(LogKeeper::Replication)) {
+        Ok(_) => panic!("a cluster's node opened a state of apply version {other}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        refused.contains(&format!("version {other}"))
+            && refused.contains(&format!("version {}", tablix_store::APPLY_VERSION)),
+        "{refused}"
+    );
+    // A single node applies its own log: the build that opens it takes
+    // the state, and records its own version.
+    let store = Store::open(config(LogKeeper::Store)).unwrap();
+    drop(store);
+    let recorded: u32 = rusqlite::Connection::open(dir.path().join("tablix.db"))
+        .unwrap()
+        .query_row(
+            "SELECT value FROM tablix_meta WHERE key = 'apply_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(recorded, tablix_store::APPLY_VERSION);
+    Store::open(config(LogKeeper::Replication)).unwrap();
+}
