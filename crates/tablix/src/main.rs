@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod cluster;
+mod daemon_log;
 mod discovery;
 mod fsck;
 mod mount_helper;

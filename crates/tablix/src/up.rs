@@ -166,38 +166,7 @@ async fn start_node(
 const LEADER_WAIT: Duration = Duration::from_secs(60);
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter({
-            let chosen = std::env::var("TABLIX_LOG")
-                .ok()
-                .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(|| "info".into());
-            let mut filter = tracing_subscriber::EnvFilter::try_new(&chosen)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-            // fuser warns when the mount it leaves was already gone
-            // (someone ran umount): expected, not news, unless asked for.
-            if !chosen.contains("fuser")
-                && let Ok(quiet) = "fuser::mnt=error".parse()
-            {
-                filter = filter.add_directive(quiet);
-            }
-            // openraft narrates every vote and membership step at info;
-            // its warnings and errors are what an operator needs. A level
-            // quieter than warn already covers it.
-            let verbose = filter
-                .max_level_hint()
-                .is_none_or(|l| l > tracing_subscriber::filter::LevelFilter::WARN);
-            if verbose
-                && !chosen.contains("openraft")
-                && let Ok(quiet) = "openraft=warn".parse()
-            {
-                filter = filter.add_directive(quiet);
-            }
-            filter
-        })
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    crate::daemon_log::init();
     if args.exit_with_parent {
         // The kernel sends the signal when the thread that started this
         // process exits; one that exited before this call left it to init.
