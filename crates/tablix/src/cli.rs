@@ -520,6 +520,10 @@ pub enum BenchWhich {
     /// One configuration of `bench pcache`, in its own process (internal).
     #[command(hide = true)]
     PcacheWorker(PcacheWorkerArgs),
+    /// One stock SQLite run of `bench tps`, in a process of SQLite's own
+    /// page cache (internal).
+    #[command(hide = true)]
+    TpsStock(TpsStockArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -640,6 +644,23 @@ pub struct TpsBenchArgs {
     /// Rounds; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Page cache of the embedded runs, as `tablix up --pcache` (stock
+    /// SQLite runs in a process of its own, on SQLite's).
+    #[arg(long, value_name = "POLICY", default_value = tablix_pcache::DEFAULT_POLICY.name(), value_parser = parse_pcache)]
+    pub pcache: PcacheChoice,
+}
+
+#[derive(Args, Debug)]
+pub struct TpsStockArgs {
+    #[arg(long)]
+    pub path: PathBuf,
+    #[arg(long)]
+    pub rows: u64,
+    /// SQLite's `synchronous`: OFF or FULL.
+    #[arg(long)]
+    pub sync: String,
+    #[arg(long, value_parser = parse_seconds)]
+    pub seconds: f64,
 }
 
 #[derive(Args, Debug)]

@@ -35,6 +35,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchWhich::Hostile(a) => hostile::run(a),
         BenchWhich::Pcache(a) => pcache::run(a),
         BenchWhich::PcacheWorker(a) => pcache::worker(a),
+        BenchWhich::TpsStock(a) => tps::stock_worker(a),
     }
 }
 

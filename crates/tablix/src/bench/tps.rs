@@ -20,7 +20,7 @@ use tablix_store::{
 };
 
 use super::{load, median};
-use crate::cli::TpsBenchArgs;
+use crate::cli::{TpsBenchArgs, TpsStockArgs};
 
 const SCHEMA: &str = "CREATE TABLE t1(a INTEGER PRIMARY KEY, b BLOB(16), c BLOB(16), d BLOB(400));
 CREATE INDEX i1 ON t1(b);
@@ -214,6 +214,56 @@ fn stock(
             }
         },
     )
+}
+
+/// `bench tps-stock`: one stock run in this process, its rates printed as
+/// JSON. It runs apart so that stock SQLite keeps SQLite's own page
+/// cache while the embedded runs use the daemon's.
+pub fn stock_worker(a: TpsStockArgs) -> anyhow::Result<ExitCode> {
+    let sync = match a.sync.as_str() {
+        "OFF" => "OFF",
+        "FULL" => "FULL",
+        other => bail!("--sync takes OFF or FULL, not {other:?}"),
+    };
+    let r = stock(&a.path, a.rows, sync, 1, 0, a.seconds)?;
+    println!(
+        "{}",
+        serde_json::json!({"rw": r.rw, "ro": r.ro, "conflict_rate": r.conflict_rate})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A stock run in a process of its own (`stock_worker`).
+fn stock_apart(path: &Path, rows: u64, sync: &str, seconds: f64) -> anyhow::Result<Rates> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "tps-stock", "--sync", sync])
+        .arg("--path")
+        .arg(path)
+        .args([
+            "--rows",
+            &rows.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+        ])
+        .output()
+        .context("starting the stock SQLite run")?;
+    if !out.status.success() {
+        bail!(
+            "the stock SQLite run failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("the stock SQLite run's answer")?;
+    let field = |k: &str| {
+        v[k].as_f64()
+            .with_context(|| format!("the stock SQLite run's answer has no {k}: {v}"))
+    };
+    Ok(Rates {
+        rw: field("rw")?,
+        ro: field("ro")?,
+        conflict_rate: field("conflict_rate")?,
+    })
 }
 
 /// tablix's embedded API: each client begins, runs its five statements
@@ -517,6 +567,10 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
     if a.rows == 0 || a.repeat == 0 || a.rw.contains(&0) || a.http_rw.contains(&0) {
         bail!("--rows, --repeat and every --rw and --http-rw count must be positive");
     }
+    // Before anything opens SQLite here: the embedded runs use the page
+    // cache the daemon does (on SQLite's own, a commit of the store's
+    // large writer caches may walk the whole cache: the store's DESIGN).
+    a.pcache.install()?;
     let dir: PathBuf = a
         .dir
         .clone()
@@ -551,7 +605,7 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
     };
     for round in 0..a.repeat {
         for sync in ["OFF", "FULL"] {
-            let r = stock(&stock_path, a.rows, sync, 1, 0, a.seconds)?;
+            let r = stock_apart(&stock_path, a.rows, sync, a.seconds)?;
             add(
                 format!("stock SQLite, synchronous={sync}, rw:1, ro:0"),
                 1,
@@ -561,7 +615,11 @@ pub fn run(a: TpsBenchArgs) -> anyhow::Result<ExitCode> {
         for &ro in &a.ro {
             for &rw in &a.rw {
                 let r = embedded(&store, a.rows, rw, ro, a.seconds)?;
-                add(format!("tablix embedded, rw:{rw}, ro:{ro}"), rw, r);
+                add(
+                    format!("tablix embedded ({}), rw:{rw}, ro:{ro}", a.pcache.name()),
+                    rw,
+                    r,
+                );
             }
             for &rw in &a.http_rw {
                 for (shape, how) in [
@@ -645,5 +703,23 @@ mod tests {
         assert_eq!(failed(&ok), None);
         assert_eq!(failed(&conflict), None);
         assert_eq!(failed(&error), Some("no such table: t1"));
+    }
+
+    #[test]
+    fn a_stock_run_takes_only_off_or_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = stock_worker(TpsStockArgs {
+            path: dir.path().join("stock.db"),
+            rows: 10,
+            sync: "NORMAL".into(),
+            seconds: 0.1,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("OFF or FULL") && e.contains("NORMAL"), "{e}");
+        assert!(
+            !dir.path().join("stock.db").exists(),
+            "a refused run opened the database"
+        );
     }
 }
