@@ -35,12 +35,23 @@ fn record(conn: &Connection, version: u32) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// Whether the state is a cluster's (it records a membership).
+fn is_clusters(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT EXISTS(SELECT 1 FROM main.tablix_meta WHERE key = 'membership')",
+        [],
+        |r| r.get(0),
+    )
+}
+
 /// Checks the state on `conn` (no transaction open) against `ours` and
 /// records `ours` where the state names none (a new state, or one from a
 /// build before the record) or where the store keeps its own log: a
 /// single node's entries are applied by one build only. A cluster's state
 /// of another version is refused: its log may hold entries the other
-/// nodes applied with the other build's rules.
+/// nodes applied with the other build's rules. A cluster's state opened
+/// with the store's own log (`tablix fsck` repairing a member's data
+/// directory) keeps the version it records.
 pub(crate) fn check(conn: &Connection, keeper: LogKeeper, ours: u32) -> Result<(), StoreError> {
     let fail = |e: rusqlite::Error| StoreError::Open(format!("reading the apply version: {e}"));
     match recorded(conn).map_err(fail)? {
@@ -48,6 +59,7 @@ pub(crate) fn check(conn: &Connection, keeper: LogKeeper, ours: u32) -> Result<(
         Some(v) if keeper == LogKeeper::Replication => Err(StoreError::Open(format!(
             "this state was built by entries applied as version {v}, and this build applies them as version {ours}: the nodes of a cluster must apply every entry alike, or their states would part. Run a build of apply version {v} on this data directory; nothing was changed"
         ))),
+        Some(_) if is_clusters(conn).map_err(fail)? => Ok(()),
         _ => record(conn, ours).map_err(fail),
     }
 }
@@ -81,5 +93,11 @@ mod tests {
         // A single node's own log: the build that opens it applies it all.
         check(&c, LogKeeper::Store, 4).unwrap();
         assert_eq!(recorded(&c).unwrap(), Some(4));
+        // Unless the state is a cluster's: it keeps its version.
+        c.execute_batch("INSERT INTO tablix_meta VALUES ('membership', x'00')")
+            .unwrap();
+        check(&c, LogKeeper::Store, 5).unwrap();
+        assert_eq!(recorded(&c).unwrap(), Some(4));
+        check(&c, LogKeeper::Replication, 5).unwrap_err();
     }
 }
