@@ -23,6 +23,11 @@ pub const FILE: &str = "cluster-id";
 /// an entry differently refuse each other.
 pub const APPLY_HEADER: &str = "x-tablix-apply";
 
+/// The apply version of builds from before the header, which send none:
+/// they apply entries as version 1 does, so a cluster moves onto builds
+/// with the header node by node.
+pub const UNNAMED_APPLY_VERSION: u32 = 1;
+
 /// Why a node's request is refused for its apply version, if it is: `theirs`
 /// is the header's value (none from a build before the header).
 pub fn apply_refusal(theirs: Option<&str>, ours: u32) -> Option<String> {
@@ -31,8 +36,9 @@ pub fn apply_refusal(theirs: Option<&str>, ours: u32) -> Option<String> {
         Some(v) => Some(format!(
             "this node applies entries as version {ours} and the other side as version {v}: the nodes of a cluster must apply every entry alike, or their states would part; run one build's apply version on every node"
         )),
+        None if ours == UNNAMED_APPLY_VERSION => None,
         None => Some(format!(
-            "the other side names no apply version (a tablix build from before versions, whose entries this node, of apply version {ours}, may apply differently): run one build's apply version on every node"
+            "this node applies entries as version {ours} and the other side, a tablix build from before versions, as version {UNNAMED_APPLY_VERSION}: the nodes of a cluster must apply every entry alike, or their states would part; run one build's apply version on every node"
         )),
     }
 }
@@ -214,10 +220,14 @@ mod tests {
         ] {
             let why = apply_refusal(theirs, 7).unwrap_or_else(|| panic!("{theirs:?} let through"));
             assert!(why.contains("version 7"), "{why}");
-            if let Some(t) = theirs.filter(|t| !t.is_empty()) {
+            let t = theirs.map_or(UNNAMED_APPLY_VERSION.to_string(), str::to_string);
+            if !t.is_empty() {
                 assert!(why.contains(&format!("version {t}")), "{why}");
             }
         }
+        // A build from before the header applies as the unnamed version.
+        assert_eq!(apply_refusal(None, UNNAMED_APPLY_VERSION), None);
+        assert!(apply_refusal(Some("2"), UNNAMED_APPLY_VERSION).is_some());
     }
 
     #[test]
