@@ -41,6 +41,13 @@ async fn started(
     .await
 }
 
+/// Node 1, bootstrapped in `dir` without TLS, once it leads.
+async fn lone_leader(dir: &Path) -> (ClusterNode, Arc<Store>) {
+    let a = started(1, dir, Start::Bootstrap, None).await;
+    eventually("node 1 leads", || a.0.status().leader == Some(1)).await;
+    a
+}
+
 async fn write(node: &ClusterNode, n: i64, statements: &[&str]) {
     node.propose(Stamped::new(
         Stamp {
@@ -136,8 +143,7 @@ fn a_node_keeps_to_its_cluster_and_a_data_directory_of_another_is_not_joined() {
 fn a_node_turns_away_nodes_that_apply_entries_as_another_version() {
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let a = started(1, dirs[0].path(), Start::Bootstrap, None).await;
-        eventually("a leads", || a.0.status().leader == Some(1)).await;
+        let a = lone_leader(dirs[0].path()).await;
         let id = a.0.status().cluster_id.unwrap();
         let addr = a.0.addr().to_string();
         let ours = tablix_store::APPLY_VERSION;
@@ -239,8 +245,7 @@ impl Authority {
 fn a_joining_node_takes_the_cluster_id_only_when_the_leader_adds_it() {
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     runtime().block_on(async {
-        let a = started(1, dirs[0].path(), Start::Bootstrap, None).await;
-        eventually("node 1 leads", || a.0.status().leader == Some(1)).await;
+        let a = lone_leader(dirs[0].path()).await;
         // A node that says it is node 1, from another address: the leader
         // refuses to add it. It learned the cluster's id while asking, but
         // must not hold it: with the id, the leader's replication to the

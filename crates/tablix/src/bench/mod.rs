@@ -39,6 +39,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Runs `tablix bench <command> <args>` in a child process (a measurement
+/// that needs a process of its own, such as another page cache) and
+/// parses the JSON it prints.
+pub(crate) fn in_child(command: &str, args: &[String]) -> anyhow::Result<serde_json::Value> {
+    use anyhow::Context;
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .arg("bench")
+        .arg(command)
+        .args(args)
+        .output()
+        .with_context(|| format!("starting `bench {command}`"))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "`bench {command}` {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).with_context(|| format!("the output of `bench {command}`"))
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;

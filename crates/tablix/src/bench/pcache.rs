@@ -41,19 +41,7 @@ fn spawn(
         args.push(format!("--{name}"));
         args.push(value.clone());
     }
-    let out = Command::new(std::env::current_exe()?)
-        .arg("bench")
-        .arg("pcache-worker")
-        .args(&args)
-        .output()
-        .context("starting a benchmark worker")?;
-    if !out.status.success() {
-        bail!(
-            "worker {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout).context("worker output")
+    super::in_child("pcache-worker", &args)
 }
 
 pub fn worker(a: PcacheWorkerArgs) -> anyhow::Result<ExitCode> {

@@ -235,26 +235,19 @@ pub fn stock_worker(a: TpsStockArgs) -> anyhow::Result<ExitCode> {
 
 /// A stock run in a process of its own (`stock_worker`).
 fn stock_apart(path: &Path, rows: u64, sync: &str, seconds: f64) -> anyhow::Result<Rates> {
-    let out = std::process::Command::new(std::env::current_exe()?)
-        .args(["bench", "tps-stock", "--sync", sync])
-        .arg("--path")
-        .arg(path)
-        .args([
-            "--rows",
-            &rows.to_string(),
-            "--seconds",
-            &seconds.to_string(),
-        ])
-        .output()
-        .context("starting the stock SQLite run")?;
-    if !out.status.success() {
-        bail!(
-            "the stock SQLite run failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("the stock SQLite run's answer")?;
+    let v = super::in_child(
+        "tps-stock",
+        &[
+            "--sync".into(),
+            sync.into(),
+            "--path".into(),
+            path.display().to_string(),
+            "--rows".into(),
+            rows.to_string(),
+            "--seconds".into(),
+            seconds.to_string(),
+        ],
+    )?;
     let field = |k: &str| {
         v[k].as_f64()
             .with_context(|| format!("the stock SQLite run's answer has no {k}: {v}"))
