@@ -1095,7 +1095,9 @@ fn kill_9_in_async_mode_after_an_acknowledged_unsynced_write_keeps_every_fsynced
 #[ignore = "needs root and /dev/fuse: make test runs it as root"]
 fn kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte() {
     tablix_testkit::require::fuse("kill_9_in_async_mode_during_a_flush_keeps_every_fsynced_byte");
-    crash_and_remount("async", Some("flush-synced:12"));
+    // Timed flushes count too: on a busy machine a dozen flushes came
+    // before ten files were fsync'ed, too few for the check to mean much.
+    crash_and_remount("async", Some("flush-synced:40"));
 }
 
 /// A temporary directory (dropped last) with a data directory path and an
