@@ -959,7 +959,9 @@ impl Shared {
 /// twice in a row without a leader sits out a random part of the longest
 /// timeout, granting votes meanwhile, so another can win.
 async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
-    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+    // The server's metrics change with its vote and state only; the whole
+    // metrics at every entry, which would wake this task for each.
+    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.server_metrics()) else {
         return;
     };
     let mut stood = 0u32;
@@ -967,7 +969,7 @@ async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
     while metrics.changed().await.is_ok() {
         let (state, term) = {
             let m = metrics.borrow();
-            (m.state, m.current_term)
+            (m.state, m.vote.leader_id().get_term())
         };
         if state != ServerState::Candidate {
             stood = 0;
@@ -1005,12 +1007,20 @@ async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
 /// node becomes leader or the membership changes, and again after a
 /// failed try; so a leader that removed itself leaves it to the next.
 async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) {
-    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.metrics()) else {
+    // Server metrics: woken by a change of state, vote or membership, not
+    // by every entry.
+    let Some(mut metrics) = shared.upgrade().map(|s| s.raft.server_metrics()) else {
         return;
     };
     // (term, membership entry) last settled.
     let mut settled = None;
-    while metrics.changed().await.is_ok() {
+    // The first look, and one after a failed try, waits for no change.
+    let mut again = true;
+    loop {
+        if !again && metrics.changed().await.is_err() {
+            return;
+        }
+        again = false;
         let (now, members) = {
             let m = metrics.borrow();
             if m.state != ServerState::Leader {
@@ -1018,7 +1028,10 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
             }
             let members: BTreeSet<NodeId> =
                 m.membership_config.nodes().map(|(id, _)| *id).collect();
-            ((m.current_term, *m.membership_config.log_id()), members)
+            (
+                (m.vote.leader_id().get_term(), *m.membership_config.log_id()),
+                members,
+            )
         };
         if settled == Some(now) {
             continue;
@@ -1036,6 +1049,7 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
             other => {
                 tracing::warn!("reading which nodes mount the file system: {other:?}");
                 tokio::time::sleep(Duration::from_secs(1)).await;
+                again = true;
                 continue;
             }
         };
@@ -1060,6 +1074,7 @@ async fn forget_gone_mounts(shared: std::sync::Weak<Shared>, store: Arc<Store>) 
             settled = Some(now);
         } else {
             tokio::time::sleep(Duration::from_secs(1)).await;
+            again = true;
         }
     }
 }

@@ -156,11 +156,13 @@ fn record_within(conn: &Connection, within: Option<Within>) -> rusqlite::Result<
                  ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             )?
             .execute([w.index as i64, w.count as i64])?,
-        None => conn
-            .prepare_cached(
-                "DELETE FROM main.tablix_meta WHERE key IN ('within_index', 'within_count')",
-            )?
-            .execute([])?,
+        None => {
+            // One key at a time: an `IN` list is an ephemeral table (a
+            // B-tree and a page cache opened and closed), and this runs at
+            // every group commit.
+            let mut delete = conn.prepare_cached("DELETE FROM main.tablix_meta WHERE key = ?1")?;
+            delete.execute(["within_index"])? + delete.execute(["within_count"])?
+        }
     };
     Ok(())
 }

@@ -73,10 +73,18 @@ pub struct S3<const LRU_MAIN: bool> {
 /// fewer than `bound` keys were inserted after it and no later key took its
 /// entry. Insert and lookup are one probe each, and nothing is allocated
 /// after the table is sized.
+///
+/// The table is made at the first insertion, not when the cache is sized:
+/// most caches never evict (SQLite opens one for every ephemeral table, an
+/// `IN (...)` list's or a subquery's, and sizes it at once), and a table for
+/// SQLite's default cache is 32 KiB to allocate and zero.
 #[derive(Default)]
 struct Ghost {
-    /// `(key, when)`; `when == 0` is an empty entry.
+    /// `(key, when)`; `when == 0` is an empty entry. Empty until the first
+    /// insertion, or when memory for it could not be had.
     entries: Vec<(u32, u64)>,
+    /// The table's size once made: a power of two.
+    want: usize,
     /// Insertions so far.
     clock: u64,
     /// How many insertions a key is remembered for.
@@ -85,19 +93,30 @@ struct Ghost {
 
 impl Ghost {
     /// Sizes the table for `bound` keys (four entries per key, so that few
-    /// keys lose their entry to another). Memory is reserved fallibly:
-    /// without it the ghost keeps its old table.
+    /// keys lose their entry to another). A table already made is made
+    /// again at the new size now; otherwise at the first insertion.
     fn fit(&mut self, bound: usize) {
         self.bound = bound.max(1) as u64;
-        let want = (bound.max(4) * 4).next_power_of_two();
-        if self.entries.len() == want {
-            return;
+        self.want = (bound.max(4) * 4).next_power_of_two();
+        if !self.entries.is_empty() && self.entries.len() != self.want {
+            self.make();
         }
+    }
+
+    /// Makes the table at `want` entries, all empty. Memory is reserved
+    /// fallibly: without it the ghost keeps its old table (or none, and
+    /// remembers nothing).
+    #[cold]
+    fn make(&mut self) {
         let mut entries = Vec::new();
-        if entries.try_reserve_exact(want).is_err() {
+        if entries.try_reserve_exact(self.want).is_err() {
+            if self.entries.is_empty() {
+                // Not tried again at every eviction: the next sizing will.
+                self.want = 0;
+            }
             return;
         }
-        entries.resize(want, (0, 0));
+        entries.resize(self.want, (0, 0));
         self.entries = entries;
     }
 
@@ -128,7 +147,13 @@ impl Ghost {
     #[inline]
     fn insert(&mut self, key: u32) {
         if self.entries.is_empty() {
-            return;
+            if self.want == 0 {
+                return;
+            }
+            self.make();
+            if self.entries.is_empty() {
+                return;
+            }
         }
         self.clock += 1;
         let i = self.slot(key);
@@ -362,6 +387,34 @@ mod tests {
             p.unpin(&mut slots, i);
         }
         (p, slots)
+    }
+
+    #[test]
+    fn the_ghost_table_is_made_at_the_first_eviction_not_when_the_cache_is_sized() {
+        let mut g = Ghost::default();
+        g.fit(500);
+        assert!(g.entries.is_empty(), "sized, nothing evicted yet");
+        assert!(!g.take(7));
+        g.fit(2000);
+        assert!(g.entries.is_empty(), "sized again, still nothing evicted");
+        g.insert(7);
+        assert_eq!(g.entries.len(), 8192);
+        assert!(g.remembers(7));
+        assert!(g.take(7), "an evicted key is remembered");
+        assert!(!g.take(7), "and forgotten once taken back");
+        // A table in use follows the cache's size at once.
+        g.insert(9);
+        g.fit(100);
+        assert_eq!(g.entries.len(), 512);
+        assert!(!g.remembers(9), "a table made again starts empty");
+    }
+
+    #[test]
+    fn a_cache_that_never_evicts_makes_no_ghost_table() {
+        let (mut p, slots) = cache(50, 0);
+        p.set_capacity(2000);
+        p.check(&slots);
+        assert!(p.ghost.entries.is_empty());
     }
 
     #[test]
