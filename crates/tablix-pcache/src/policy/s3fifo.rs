@@ -72,7 +72,7 @@ pub struct S3<const LRU_MAIN: bool> {
 /// `(key, when)`, where `when` counts insertions. A key is remembered while
 /// fewer than `bound` keys were inserted after it and no later key took its
 /// entry. Insert and lookup are one probe each, and nothing is allocated
-/// after the table is sized.
+/// after the table is made.
 ///
 /// The table is made at the first insertion, not when the cache is sized:
 /// most caches never evict (SQLite opens one for every ephemeral table, an
