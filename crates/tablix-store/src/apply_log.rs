@@ -89,17 +89,21 @@ pub struct AppliedState {
 
 /// Reads the applied state from `conn`'s main database.
 pub(crate) fn applied_state(conn: &Connection) -> rusqlite::Result<AppliedState> {
-    let membership = conn
-        .query_row(
-            "SELECT value FROM main.tablix_meta WHERE key = 'membership'",
-            [],
-            |r| r.get::<_, Vec<u8>>(0),
-        )
-        .optional()?;
     Ok(AppliedState {
         applied: crate::command_log::applied(conn)?,
-        membership,
+        membership: membership(conn)?,
     })
+}
+
+/// The membership the state records, if any: only a cluster's state has
+/// one.
+pub(crate) fn membership(conn: &Connection) -> rusqlite::Result<Option<Vec<u8>>> {
+    conn.query_row(
+        "SELECT value FROM main.tablix_meta WHERE key = 'membership'",
+        [],
+        |r| r.get::<_, Vec<u8>>(0),
+    )
+    .optional()
 }
 
 /// Records `membership` as that of the last entry the state holds, when

@@ -35,15 +35,6 @@ fn record(conn: &Connection, version: u32) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Whether the state is a cluster's (it records a membership).
-fn is_clusters(conn: &Connection) -> rusqlite::Result<bool> {
-    conn.query_row(
-        "SELECT EXISTS(SELECT 1 FROM main.tablix_meta WHERE key = 'membership')",
-        [],
-        |r| r.get(0),
-    )
-}
-
 /// Checks the state on `conn` (no transaction open) against `ours` and
 /// records `ours` where the state names none (a new state, or one from a
 /// build before the record) or where the store keeps its own log: a
@@ -59,7 +50,8 @@ pub(crate) fn check(conn: &Connection, keeper: LogKeeper, ours: u32) -> Result<(
         Some(v) if keeper == LogKeeper::Replication => Err(StoreError::Open(format!(
             "this state was built by entries applied as version {v}, and this build applies them as version {ours}: the nodes of a cluster must apply every entry alike, or their states would part. Run a build of apply version {v} on this data directory; nothing was changed"
         ))),
-        Some(_) if is_clusters(conn).map_err(fail)? => Ok(()),
+        // A cluster's state (it records a membership).
+        Some(_) if crate::apply_log::membership(conn).map_err(fail)?.is_some() => Ok(()),
         _ => record(conn, ours).map_err(fail),
     }
 }
