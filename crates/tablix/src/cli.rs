@@ -497,9 +497,10 @@ pub enum BenchWhich {
     /// concurrent clients.
     Raft(RaftBenchArgs),
     /// Clusters on loopback: concurrent single-row inserts on tablix and
-    /// rqlite clusters of 1 and 3 nodes (rate, p50 and p99), a source
-    /// tree unpacked and removed on a 3-node cluster's mount against a
-    /// 1-node one, and failover after SIGKILL of the leader.
+    /// rqlite clusters of 1 and 3 nodes and on tablix's plain daemon
+    /// (rate, p50 and p99), a source tree unpacked and removed on a
+    /// 3-node cluster's mount against a plain daemon's and a 1-node
+    /// cluster's, and failover after SIGKILL of the leader.
     Cluster(ClusterBenchArgs),
     /// The page cache: a speed suite after SQLite's speedtest1 and hit
     /// ratios under several access patterns, each policy against SQLite's

@@ -1,11 +1,12 @@
 //! `tablix bench cluster`: tablix and rqlite clusters on loopback, in one
 //! run. The seed's four batch workloads through each system's shell
 //! against plain sqlite3 (`workloads.rs`); concurrent single-row inserts through the leader's HTTP API
-//! (rate, p50, p99) on clusters of 1 and 3 nodes; a source tree unpacked
-//! and removed on a 3-node cluster's mount (the leader's and a
-//! follower's) against a 1-node cluster's; and the time from SIGKILL of
-//! a 3-node cluster's leader to the first write acknowledged by another
-//! node.
+//! (rate, p50, p99) on clusters of 1 and 3 nodes and on a plain daemon
+//! (no cluster flags, its own log: what `tablix up` runs by default); a
+//! source tree unpacked and removed on a 3-node cluster's mount (the
+//! leader's and a follower's) against a plain daemon's and a 1-node
+//! cluster's; and the time from SIGKILL of a 3-node cluster's leader to
+//! the first write acknowledged by another node.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -100,6 +101,30 @@ fn tablix_node(
     }
     let (child, http) = super::daemon::spawn_ready(cmd.env("TABLIX_LOG", "error"))
         .with_context(|| format!("tablix node {id}"))?;
+    Ok(Server {
+        http,
+        child,
+        mount: mount.then_some(mnt),
+    })
+}
+
+/// A plain daemon: `tablix up` without cluster flags, in a directory of
+/// its own.
+fn plain_daemon(dir: &Path, mount: bool) -> anyhow::Result<Server> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["up", "--http", "127.0.0.1:0", "--data"])
+        .arg(dir.join("tablix"));
+    let mnt = dir.join("mnt");
+    if mount {
+        std::fs::create_dir_all(&mnt)?;
+        cmd.arg(&mnt);
+    }
+    let (child, http) = super::daemon::spawn_ready(cmd.env("TABLIX_LOG", "error"))
+        .context("tablix plain daemon")?;
     Ok(Server {
         http,
         child,
@@ -433,7 +458,8 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         batches.push(("sqlite3".into(), times));
     }
 
-    // Inserts: (system, nodes) -> one Load per client count. Both
+    // Inserts: (system, nodes) -> one Load per client count; 0 nodes is
+    // tablix's plain daemon, measured beside the clusters of one. Both
     // systems' clusters of a size run side by side and take turns in each
     // round, so that a drift of the machine's speed during the run falls
     // on both.
@@ -443,16 +469,22 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         // Every system's cluster is up before any is measured, so each
         // runs beside the same idle neighbours.
         let mut clusters = Vec::new();
+        if n == 1 {
+            eprintln!("starting tablix's plain daemon");
+            let plain = plain_daemon(&dir.join("tablix-plain"), false)?;
+            let http = plain.http.clone();
+            clusters.push((System::Tablix, 0, vec![plain], http));
+        }
         for &system in &systems {
             eprintln!("starting {} with {n} node(s)", system.name());
             let nodes = cluster(system, &a, &dir.join(system.name()), n, false)?;
             let leader = leader_of(&nodes, &nodes[0].http).context("no leader")?;
             let http = nodes[leader].http.clone();
-            clusters.push((system, nodes, http));
+            clusters.push((system, n, nodes, http));
         }
-        for (system, _, http) in &clusters {
-            let (system, http) = (*system, http.as_str());
-            eprintln!("measuring {} with {n} node(s)", system.name());
+        for (system, n, _, http) in &clusters {
+            let (system, n, http) = (*system, *n, http.as_str());
+            eprintln!("measuring {}", shape(system, n));
             if run_batches {
                 let mut times = Vec::new();
                 for (w, script) in workloads.iter().zip(&scripts) {
@@ -467,7 +499,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
                         }
                     });
                 }
-                batches.push((format!("{} {n} node(s)", system.name()), times));
+                batches.push((shape(system, n), times));
             }
             create_table(http)?;
         }
@@ -475,7 +507,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
         for &c in &a.clients {
             let mut rounds: Vec<Vec<Load>> = clusters.iter().map(|_| Vec::new()).collect();
             for _ in 0..a.repeat {
-                for (k, (_, _, http)) in clusters.iter().enumerate() {
+                for (k, (_, _, _, http)) in clusters.iter().enumerate() {
                     settle();
                     rounds[k].push(inserts(http, c, a.seconds)?);
                 }
@@ -484,7 +516,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
                 per[k].push(median_load(r).context("no insert round ran")?);
             }
         }
-        for ((system, mut nodes, _), per) in clusters.into_iter().zip(per) {
+        for ((system, n, mut nodes, _), per) in clusters.into_iter().zip(per) {
             loads.push((system, n, per));
             if n == 3 {
                 failovers.push((system, failover(&mut nodes)?));
@@ -498,6 +530,11 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
             eprintln!("not root: the mount workload is skipped");
         } else {
             let tar = super::fs::source_tree(&dir, a.tree_files)?;
+            eprintln!("unpacking a tree on a plain daemon's mount");
+            let plain = plain_daemon(&dir.join("tablix-plain-mount"), true)?;
+            let m = plain.mount.as_deref().context("no mount")?;
+            trees.push(("plain daemon's mount".into(), tree(m, &tar)?));
+            drop(plain);
             for n in [1u64, 3] {
                 eprintln!("unpacking a tree on a {n}-node cluster's mounts");
                 let nodes = cluster(System::Tablix, &a, &dir.join("tablix-mount"), n, true)?;
@@ -552,7 +589,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
             let ratio = if *system == System::Tablix {
                 loads
                     .iter()
-                    .find(|(s, m, _)| *s == System::Rqlite && m == n)
+                    .find(|(s, m, _)| *s == System::Rqlite && *m == (*n).max(1))
                     .map(|(_, _, r)| format!("{:.2}", l.rate / r[i].rate))
                     .unwrap_or_else(|| "-".into())
             } else {
@@ -560,7 +597,7 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
             };
             println!(
                 "{:<22} {:>8} {:>12.0} {:>9.2} {:>9.2} {:>16}",
-                format!("{} {n} node(s)", system.name()),
+                shape(*system, *n),
                 c,
                 l.rate,
                 l.p50_ms,
@@ -579,19 +616,30 @@ pub fn run(a: ClusterBenchArgs) -> anyhow::Result<ExitCode> {
     if !trees.is_empty() {
         println!();
         println!(
-            "a source tree of {} files unpacked (tar -x) and removed (rm -rf) on the mount, seconds; ratio = against 1 node",
+            "a source tree of {} files unpacked (tar -x) and removed (rm -rf) on the mount, seconds (against the plain daemon, against 1 node)",
             a.tree_files
         );
-        let base = trees[0].1;
+        let plain = trees[0].1;
+        let one = trees.get(1).map_or(plain, |t| t.1);
         for (label, (x, rm)) in &trees {
             println!(
-                "{label:<34} untar {x:>7.2} ({:.2})   rm -rf {rm:>7.2} ({:.2})",
-                x / base.0,
-                rm / base.1
+                "{label:<34} untar {x:>7.2} ({:.2}, {:.2})   rm -rf {rm:>7.2} ({:.2}, {:.2})",
+                x / plain.0,
+                x / one.0,
+                rm / plain.1,
+                rm / one.1
             );
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How a row names a system's cluster; 0 nodes is tablix's plain daemon.
+fn shape(system: System, n: u64) -> String {
+    match n {
+        0 => format!("{} plain daemon", system.name()),
+        n => format!("{} {n} node(s)", system.name()),
+    }
 }
 
 #[cfg(test)]
