@@ -601,6 +601,27 @@ mod tests {
     }
 
     #[test]
+    fn a_statement_reads_the_memory_database_when_a_token_names_it() {
+        let r = rules();
+        for sql in [
+            "SELECT * FROM Processes",
+            "SELECT * FROM \"MEM\".x",
+            "SELECT * FROM pragma_table_info('PIPES')",
+            "SELECT count(*) FROM [daemon]",
+        ] {
+            assert!(r.mentions_memory(sql), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO bench(v) VALUES (?)",
+            "SELECT 1 -- processes",
+            "SELECT * FROM processes2",
+            "SELECT \"pro\"\"cesses\" FROM t",
+        ] {
+            assert!(!r.mentions_memory(sql), "{sql}");
+        }
+    }
+
+    #[test]
     fn decision_table() {
         let r = rules();
         let alice = user();

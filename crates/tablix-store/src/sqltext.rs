@@ -41,95 +41,215 @@ fn is_id_char(b: u8) -> bool {
     is_id_start(b) || b.is_ascii_digit() || b == b'$'
 }
 
+/// What a token's span holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Word,
+    /// A quoted identifier, closed by this byte.
+    Quoted(u8),
+    Str,
+    Punct,
+    Other,
+}
+
+/// One token's place in the text: `from..to` is its text, inside its
+/// quotes for a quoted one (doubled quote characters still doubled).
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    kind: Kind,
+    from: usize,
+    to: usize,
+}
+
+/// The tokens of a text as spans, whitespace and comments dropped. An
+/// unterminated string, identifier or comment runs to the end.
+struct Spans<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Spans<'a> {
+    fn new(sql: &'a str) -> Spans<'a> {
+        Spans {
+            b: sql.as_bytes(),
+            i: 0,
+        }
+    }
+}
+
+impl Iterator for Spans<'_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        let b = self.b;
+        let mut i = self.i;
+        let span = loop {
+            let Some(&c) = b.get(i) else {
+                self.i = i;
+                return None;
+            };
+            let from = i;
+            match c {
+                b' ' | b'\t' | b'\n' | b'\r' | 0x0c => i += 1,
+                b'-' if b.get(i + 1) == Some(&b'-') => {
+                    while i < b.len() && b[i] != b'\n' {
+                        i += 1;
+                    }
+                }
+                b'/' if b.get(i + 1) == Some(&b'*') => {
+                    i += 2;
+                    while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                        i += 1;
+                    }
+                    i = (i + 2).min(b.len());
+                }
+                b'\'' | b'"' | b'`' | b'[' => {
+                    let close = if c == b'[' { b']' } else { c };
+                    i += 1;
+                    let inside = i;
+                    let end = loop {
+                        if i >= b.len() {
+                            break i;
+                        }
+                        if b[i] == close {
+                            // Doubled quotes escape themselves (not in [...]).
+                            if close != b']' && b.get(i + 1) == Some(&close) {
+                                i += 2;
+                                continue;
+                            }
+                            i += 1;
+                            break i - 1;
+                        }
+                        i += 1;
+                    };
+                    let kind = if c == b'\'' {
+                        Kind::Str
+                    } else {
+                        Kind::Quoted(close)
+                    };
+                    break Span {
+                        kind,
+                        from: inside,
+                        to: end,
+                    };
+                }
+                b'x' | b'X' if b.get(i + 1) == Some(&b'\'') => {
+                    i += 2;
+                    while i < b.len() && b[i] != b'\'' {
+                        i += 1;
+                    }
+                    i = (i + 1).min(b.len());
+                    break Span {
+                        kind: Kind::Other,
+                        from,
+                        to: i,
+                    };
+                }
+                b'?' | b':' | b'@' | b'$' => {
+                    i += 1;
+                    while i < b.len() && (is_id_char(b[i]) || b[i] == b':') {
+                        i += 1;
+                    }
+                    break Span {
+                        kind: Kind::Other,
+                        from,
+                        to: i,
+                    };
+                }
+                c if c.is_ascii_digit()
+                    || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) =>
+                {
+                    while i < b.len() && (is_id_char(b[i]) || b[i] == b'.') {
+                        // An exponent's sign belongs to the number.
+                        if (b[i] == b'e' || b[i] == b'E')
+                            && matches!(b.get(i + 1), Some(b'+' | b'-'))
+                        {
+                            i += 1;
+                        }
+                        i += 1;
+                    }
+                    break Span {
+                        kind: Kind::Other,
+                        from,
+                        to: i,
+                    };
+                }
+                c if is_id_start(c) => {
+                    while i < b.len() && is_id_char(b[i]) {
+                        i += 1;
+                    }
+                    break Span {
+                        kind: Kind::Word,
+                        from,
+                        to: i,
+                    };
+                }
+                _ => {
+                    i += 1;
+                    break Span {
+                        kind: Kind::Punct,
+                        from,
+                        to: i,
+                    };
+                }
+            }
+        };
+        self.i = i;
+        Some(span)
+    }
+}
+
+/// Appends `span`'s text to `out`: unquoted, and lower-cased unless it is
+/// a string literal's.
+fn push_text(out: &mut String, sql: &[u8], span: Span) {
+    let raw = &sql[span.from..span.to];
+    let start = out.len();
+    match span.kind {
+        Kind::Quoted(close) if close != b']' => push_undoubled(out, raw, close),
+        Kind::Str => push_undoubled(out, raw, b'\''),
+        _ => out.push_str(&String::from_utf8_lossy(raw)),
+    }
+    if span.kind != Kind::Str {
+        out[start..].make_ascii_lowercase();
+    }
+}
+
+/// Appends `raw` with each doubled `quote` taken as one.
+fn push_undoubled(out: &mut String, raw: &[u8], quote: u8) {
+    let mut rest = raw;
+    let mut bytes = Vec::new();
+    while let Some(at) = rest.iter().position(|&b| b == quote) {
+        bytes.extend_from_slice(&rest[..=at]);
+        rest = rest.get(at + 2..).unwrap_or_default();
+    }
+    if bytes.is_empty() {
+        out.push_str(&String::from_utf8_lossy(raw));
+    } else {
+        bytes.extend_from_slice(rest);
+        out.push_str(&String::from_utf8_lossy(&bytes));
+    }
+}
+
 /// Splits `sql` into tokens (whitespace and comments dropped). An
 /// unterminated string, identifier or comment runs to the end.
 pub(crate) fn tokens(sql: &str) -> Vec<Token> {
     let b = sql.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    let text = |from: usize, to: usize| String::from_utf8_lossy(&b[from..to]).to_ascii_lowercase();
-    while i < b.len() {
-        let c = b[i];
-        match c {
-            b' ' | b'\t' | b'\n' | b'\r' | 0x0c => i += 1,
-            b'-' if b.get(i + 1) == Some(&b'-') => {
-                while i < b.len() && b[i] != b'\n' {
-                    i += 1;
-                }
+    Spans::new(sql)
+        .map(|span| {
+            let text = || {
+                let mut s = String::new();
+                push_text(&mut s, b, span);
+                s
+            };
+            match span.kind {
+                Kind::Word => Token::Word(text()),
+                Kind::Quoted(_) => Token::Quoted(text()),
+                Kind::Str => Token::Str(text()),
+                Kind::Punct => Token::Punct(b[span.from] as char),
+                Kind::Other => Token::Other,
             }
-            b'/' if b.get(i + 1) == Some(&b'*') => {
-                i += 2;
-                while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
-                    i += 1;
-                }
-                i = (i + 2).min(b.len());
-            }
-            b'\'' | b'"' | b'`' | b'[' => {
-                let close = if c == b'[' { b']' } else { c };
-                let mut value = Vec::new();
-                i += 1;
-                while i < b.len() {
-                    if b[i] == close {
-                        // Doubled quotes escape themselves (not in [...]).
-                        if close != b']' && b.get(i + 1) == Some(&close) {
-                            value.push(close);
-                            i += 2;
-                            continue;
-                        }
-                        i += 1;
-                        break;
-                    }
-                    value.push(b[i]);
-                    i += 1;
-                }
-                let v = String::from_utf8_lossy(&value).into_owned();
-                out.push(if c == b'\'' {
-                    Token::Str(v)
-                } else {
-                    Token::Quoted(v.to_ascii_lowercase())
-                });
-            }
-            b'x' | b'X' if b.get(i + 1) == Some(&b'\'') => {
-                i += 2;
-                while i < b.len() && b[i] != b'\'' {
-                    i += 1;
-                }
-                i = (i + 1).min(b.len());
-                out.push(Token::Other);
-            }
-            b'?' | b':' | b'@' | b'$' => {
-                i += 1;
-                while i < b.len() && (is_id_char(b[i]) || b[i] == b':') {
-                    i += 1;
-                }
-                out.push(Token::Other);
-            }
-            c if c.is_ascii_digit()
-                || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) =>
-            {
-                while i < b.len() && (is_id_char(b[i]) || b[i] == b'.') {
-                    // An exponent's sign belongs to the number.
-                    if (b[i] == b'e' || b[i] == b'E') && matches!(b.get(i + 1), Some(b'+' | b'-')) {
-                        i += 1;
-                    }
-                    i += 1;
-                }
-                out.push(Token::Other);
-            }
-            c if is_id_start(c) => {
-                let from = i;
-                while i < b.len() && is_id_char(b[i]) {
-                    i += 1;
-                }
-                out.push(Token::Word(text(from, i)));
-            }
-            c => {
-                i += 1;
-                out.push(Token::Punct(c as char));
-            }
-        }
-    }
-    out
+        })
+        .collect()
 }
 
 /// The byte offset of a NUL in `sql`, if any: SQLite would stop reading the
@@ -189,12 +309,32 @@ pub(crate) fn defined_name(sql: &str, reserved: impl Fn(&str) -> bool) -> Option
 
 /// The first name (bare, quoted or in a string, as a virtual table's
 /// arguments take them) in `sql` that `matches` accepts.
+///
+/// The writer asks this of every user statement it runs, so it reads the
+/// text in place: one buffer, reused for each name.
 pub(crate) fn mentioned_name(sql: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
-    tokens(sql).into_iter().find_map(|t| match t {
-        Token::Word(w) | Token::Quoted(w) if matches(&w) => Some(w),
-        Token::Str(s) if matches(&s.to_ascii_lowercase()) => Some(s),
-        _ => None,
-    })
+    let b = sql.as_bytes();
+    let (mut name, mut lower) = (String::new(), String::new());
+    for span in Spans::new(sql) {
+        if !matches!(span.kind, Kind::Word | Kind::Quoted(_) | Kind::Str) {
+            continue;
+        }
+        name.clear();
+        push_text(&mut name, b, span);
+        // A string is compared lower-cased and named as written.
+        let key = if span.kind == Kind::Str {
+            lower.clear();
+            lower.push_str(&name);
+            lower.make_ascii_lowercase();
+            &lower
+        } else {
+            &name
+        };
+        if matches(key) {
+            return Some(name);
+        }
+    }
+    None
 }
 
 /// Whether `sql` contains `prefix` (lower case) at the start of a word,
@@ -276,6 +416,31 @@ mod tests {
         ] {
             assert_eq!(defined_name(sql, files), None, "{sql}");
         }
+    }
+
+    #[test]
+    fn a_mentioned_name_is_read_unquoted_and_a_string_is_named_as_written() {
+        let named = |sql: &str, name: &str| mentioned_name(sql, |n| n == name);
+        assert_eq!(
+            named("SELECT * FROM \"Pro\"\"c\"", "pro\"c").as_deref(),
+            Some("pro\"c")
+        );
+        assert_eq!(named("SELECT 'It''S'", "it's").as_deref(), Some("It'S"));
+        assert_eq!(
+            named("SELECT [a]]b]", "a").as_deref(),
+            Some("a"),
+            "no doubling in [...]"
+        );
+        assert_eq!(
+            named("SELECT * FROM `Unclosed", "unclosed").as_deref(),
+            Some("unclosed")
+        );
+        assert_eq!(named("SELECT x -- y\n, /* y */ z", "y"), None);
+        assert_eq!(named("SELECT x'79', :y, 1e+5y", "y"), None);
+        assert_eq!(
+            named("SELECT caf\u{e9} FROM t", "caf\u{e9}").as_deref(),
+            Some("caf\u{e9}")
+        );
     }
 
     #[test]
