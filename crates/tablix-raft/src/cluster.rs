@@ -959,8 +959,9 @@ impl Shared {
 /// twice in a row without a leader sits out a random part of the longest
 /// timeout, granting votes meanwhile, so another can win.
 async fn break_split_votes(shared: std::sync::Weak<Shared>, longest_ms: u64) {
-    // The server's metrics change with its vote and state only; the whole
-    // metrics at every entry, which would wake this task for each.
+    // The server's metrics change only with its vote, state and
+    // membership; the whole metrics change at every entry and would wake
+    // this task for each.
     let Some(mut metrics) = shared.upgrade().map(|s| s.raft.server_metrics()) else {
         return;
     };
